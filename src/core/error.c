@@ -1,0 +1,21 @@
+/* Error names and the library version. */
+#include <string.h>
+
+#include "meshwire.h"
+
+const char *mw_version(void)
+{
+    return MW_VERSION;
+}
+
+const char *mw_strerror(int err)
+{
+    if (err < 0)
+        err = -err;
+    if (err == 0)
+        return "success";
+    /* strerror() is not thread-safe in general; strerrordesc_np (glibc
+     * >= 2.32) returns a static string for every errno. */
+    const char *s = strerrordesc_np(err);
+    return s ? s : "unknown error";
+}

@@ -1,0 +1,35 @@
+# Helpers for the shell tests of the rxe and mesh suites.
+
+# need_rdma: skip (77) unless an RDMA device is present.
+need_rdma() {
+    if [[ -z $(ls /sys/class/infiniband 2>/dev/null) ]]; then
+        echo "SKIP: no RDMA device here (run through tools/rxe-vm)"
+        exit 77
+    fi
+}
+
+# rxe_of_addr ADDR: the RDMA device whose netdev carries ADDR.
+rxe_of_addr() {
+    local dev
+    dev=$(ip -o addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) print $2}')
+    [[ -n $dev ]] || return 1
+    rdma link show | awk -v d="$dev" '{for (i = 1; i < NF; i++) if ($i == "netdev" && $(i + 1) == d) {split($2, p, "/"); print p[1]; exit}}' | grep .
+}
+
+# sent_pkts RXE: packets the device has sent so far.
+sent_pkts() {
+    rdma statistic show link "$1/1" 2>/dev/null |
+        tr ' ' '\n' | awk '$1 == "sent_pkts" {getline; print; exit}'
+}
+
+# same_24 A B: true when A and B share their first three octets.
+same_24() { [[ ${1%.*} == "${2%.*}" ]]; }
+
+# retry SECS CMD...: run CMD until it succeeds or SECS pass.
+retry() {
+    local deadline=$((SECONDS + $1)); shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.5
+    done
+}
