@@ -18,6 +18,186 @@ extern "C" {
 #define MW_EXTERN
 #endif
 
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+
+/* ------------------------------------------------------------------------
+ * Logging
+ * ------------------------------------------------------------------------ */
+
+/** Log levels; MW_LOG=error|warn|info|debug in the environment sets the
+ *  default threshold (warn when unset). */
+enum mw_log_level { MW_LOG_ERROR = 0, MW_LOG_WARN, MW_LOG_INFO, MW_LOG_DEBUG };
+
+/** A log sink: @msg has no trailing newline; called on the loop thread. */
+typedef void (*mw_log_fn)(int level, const char *msg, void *arg);
+
+/* ------------------------------------------------------------------------
+ * Context: one per event loop; everything hangs off it
+ * ------------------------------------------------------------------------ */
+
+typedef struct mw_ctx mw_ctx_t;
+typedef struct mw_future mw_future_t;
+
+/** Options for mw_ctx_new(); start from mw_ctx_opts_init(). */
+typedef struct mw_ctx_opts {
+    int log_level;            /**< threshold; default from MW_LOG, else warn */
+    mw_log_fn log_fn;         /**< sink; NULL = stderr */
+    void *log_arg;
+    unsigned cq_depth;        /**< CQ entries per device; 0 = min(4096, device max) */
+    unsigned max_wc_per_turn; /**< completions handled per loop turn before
+                                   yielding to other events; 0 = 1024 */
+} mw_ctx_opts_t;
+
+/** mw_ctx_opts_init() - fill @opts with the defaults. */
+MW_EXTERN void mw_ctx_opts_init(mw_ctx_opts_t *opts);
+
+/**
+ * mw_ctx_new() - create a context.
+ * @ctxp: receives the context.
+ * @base: the caller's libevent base, which the context joins (it adds its
+ *        events there and never runs or breaks that loop by itself); NULL to
+ *        have the context create and own one.
+ * @opts: options, or NULL for the defaults; copied.
+ * Return: 0 or a negative errno.  The caller owns the context: mw_ctx_free().
+ */
+MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
+                         const mw_ctx_opts_t *opts);
+
+/**
+ * mw_ctx_free() - release everything the context created, in order.
+ * Futures still pending fail with -ECANCELED and their callbacks run before
+ * this returns; futures the caller still holds stay valid until unreferenced.
+ * Memory from mw_alloc() must have been freed.  A caller's base is not freed.
+ * Not to be called from inside a meshwire callback.
+ */
+MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);
+
+/** mw_ctx_base() - the event base the context runs on (not owned). */
+MW_EXTERN struct event_base *mw_ctx_base(mw_ctx_t *ctx);
+
+/** Counters of a context (monotonic since mw_ctx_new()). */
+typedef struct mw_ctx_stats {
+    uint64_t events;          /**< completion-channel wake-ups handled */
+    uint64_t polls;           /**< ibv_poll_cq calls */
+    uint64_t completions;     /**< work completions reaped */
+    uint64_t completion_errors; /**< of which with a status other than success */
+    uint64_t stray_completions; /**< wr_id naming no live operation */
+    uint64_t registrations;   /**< ibv_reg_mr calls */
+    uint64_t deregistrations; /**< ibv_dereg_mr calls */
+    uint64_t reg_cache_hits;  /**< mw_reg() served by an existing registration */
+    uint64_t futures_created;
+    uint64_t futures_live;    /**< allocated and not yet released */
+    uint64_t devices;         /**< devices opened (a protection domain each) */
+} mw_ctx_stats_t;
+
+/** mw_ctx_stats() - copy the context's counters into @out. */
+MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
+
+/* ------------------------------------------------------------------------
+ * Futures: the result of one operation, completed on the loop
+ * ------------------------------------------------------------------------
+ * A future is pending, then done (with a value) or failed (with a negative
+ * errno and a message).  It is reference counted: whoever receives one from
+ * a function owns one reference and drops it with mw_future_unref().
+ * Callbacks never run inside the call that registers them, nor inside the
+ * call that completes the future: always later, from the context's loop, in
+ * the order they became due.  Futures belong to the loop thread.
+ */
+
+enum mw_future_state { MW_FUTURE_PENDING = 0, MW_FUTURE_DONE, MW_FUTURE_FAILED };
+
+/** Called once @f is done or failed. @f is borrowed for the call. */
+typedef void (*mw_then_fn)(mw_future_t *f, void *arg);
+
+/** Called once @f is done; returns the next future (its reference passes to
+ *  the chain) or NULL to fail the chain with -ECANCELED. @f is borrowed. */
+typedef mw_future_t *(*mw_chain_fn)(mw_future_t *f, void *arg);
+
+/** mw_future_new() - a pending future that the caller completes
+ *  (mw_future_resolve/mw_future_fail).  NULL when out of memory. */
+MW_EXTERN mw_future_t *mw_future_new(mw_ctx_t *ctx);
+
+/** mw_future_ref() / mw_future_unref() - take / drop a reference; the last
+ *  unref frees it.  Unref of NULL does nothing. */
+MW_EXTERN mw_future_t *mw_future_ref(mw_future_t *f);
+MW_EXTERN void mw_future_unref(mw_future_t *f);
+
+/** mw_future_resolve() - complete @f with @value (not owned by the future).
+ *  Return: 0, or -EALREADY when @f was already complete. */
+MW_EXTERN int mw_future_resolve(mw_future_t *f, void *value);
+
+/** mw_future_fail() - fail @f with @err (negative errno) and a printf-style
+ *  message.  Return: 0, -EINVAL for err >= 0, -EALREADY if complete. */
+MW_EXTERN int mw_future_fail(mw_future_t *f, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/** State, error (0 unless failed), message ("" unless failed), value. */
+MW_EXTERN int mw_future_state(const mw_future_t *f);
+MW_EXTERN int mw_future_error(const mw_future_t *f);
+MW_EXTERN const char *mw_future_message(const mw_future_t *f);
+MW_EXTERN void *mw_future_value(const mw_future_t *f);
+
+/** mw_future_then() - call @cb(f, arg) from the loop once @f completes
+ *  (soon, if it already has).  Return: 0, -ENOMEM, or -ESHUTDOWN when the
+ *  context is gone. */
+MW_EXTERN int mw_future_then(mw_future_t *f, mw_then_fn cb, void *arg);
+
+/** mw_future_chain() - a future for "@f, then the future @fn returns".
+ *  If @f fails, @fn is not called and the result fails the same way.
+ *  Return: the new future (caller owns it), or NULL when out of memory. */
+MW_EXTERN mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg);
+
+/** mw_future_all() - done when all @n futures are done (value NULL); fails as
+ *  soon as one fails, with its error.  @fs stay the caller's.  n == 0 gives
+ *  a future done at once.  NULL when out of memory or @fs is NULL with n > 0. */
+MW_EXTERN mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n);
+
+/** mw_future_set_timeout() - fail @f with -ETIMEDOUT if still pending after
+ *  @ms milliseconds (a later call replaces the deadline).
+ *  Return: 0, -EALREADY when complete, -ESHUTDOWN, -ENOMEM. */
+MW_EXTERN int mw_future_set_timeout(mw_future_t *f, unsigned ms);
+
+/** mw_future_cancel() - fail @f with -ECANCELED and ask the operation behind
+ *  it to stop.  Memory handed to an RDMA operation may still be accessed by
+ *  the device until the operation's connection is closed.
+ *  Return: 0, or -EALREADY when complete. */
+MW_EXTERN int mw_future_cancel(mw_future_t *f);
+
+/** mw_wait() - run the context's loop until @f completes, sleeping in the
+ *  loop (never spinning).  Return: 0 if done, else the future's error;
+ *  -EDEADLK when called from inside a meshwire callback. */
+MW_EXTERN int mw_wait(mw_future_t *f);
+
+/* ------------------------------------------------------------------------
+ * Memory registered for RDMA
+ * ------------------------------------------------------------------------ */
+
+/** mw_alloc() - @size bytes registered with every device the context uses
+ *  (and with devices it opens later); page aligned when size >= 4096.
+ *  Return: the memory, or NULL (errno set) for size 0 or out of memory. */
+MW_EXTERN void *mw_alloc(mw_ctx_t *ctx, size_t size);
+
+/** mw_free() - release memory from mw_alloc(); NULL does nothing. */
+MW_EXTERN void mw_free(mw_ctx_t *ctx, void *p);
+
+typedef struct mw_mr mw_mr_t;
+
+/**
+ * mw_reg() - register caller memory [addr, addr+len) with every device the
+ * context uses, for local and remote access.  A registration that already
+ * covers the range is reused (reference counted); overlapping ranges are
+ * merged into one registration.  The memory stays the caller's: call
+ * mw_dereg() before freeing or unmapping it.
+ * Return: 0 or -EINVAL (NULL, len 0, overflow), -ENOMEM, or the device's error.
+ */
+MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
+
+/** mw_dereg() - drop a registration from mw_reg(). */
+MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
+
 /**
  * mw_version() - the library version, "MAJOR.MINOR.PATCH".
  * Thread-safe; the string is static.

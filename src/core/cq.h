@@ -1,0 +1,61 @@
+/* Completion queues without spinning.  Each CQ has its completion channel
+ * (a channel belongs to the device context that made it) whose fd sits in
+ * the reactor.  When it is readable: take every pending event, poll the CQ
+ * dry, re-arm, and poll once more -- a completion that lands between the
+ * last poll and the re-arm raises no event, so without that last poll it
+ * would wait for the next, unrelated, completion.  Events are acked in one
+ * batch per wake-up.  One wake-up handles at most opts.max_wc_per_turn
+ * completions, then yields to other events and comes back next turn. */
+#ifndef MW_CORE_CQ_H
+#define MW_CORE_CQ_H
+
+#include <stdbool.h>
+
+#include <infiniband/verbs.h>
+
+#include "core/ctx.h"
+
+struct event;
+
+/* The verbs calls the engine makes; unit tests substitute a fake CQ. */
+struct mw__cq_driver {
+    int (*get_event)(void *chan, void **cq_context);  /* 0, or -EAGAIN when none */
+    void (*ack_events)(void *cq, unsigned n);
+    int (*poll)(void *cq, int n, struct ibv_wc *wc);  /* count, or negative errno */
+    int (*req_notify)(void *cq);                      /* 0 or negative errno */
+};
+
+struct mw__cq {
+    mw_ctx_t *ctx;
+    const struct mw__cq_driver *drv;
+    void *chan, *cq;          /* ibv_comp_channel / ibv_cq, or the fake's */
+    struct event *ev;         /* the channel fd */
+    struct event *resume_ev;  /* zero timer: continue a backlog next turn */
+    unsigned unacked;         /* events taken, not yet acked */
+    bool armed;               /* req_notify done since the last event */
+    bool backlog;             /* stopped on the per-turn budget: poll again */
+    bool broken;              /* the CQ failed; ops on it are failed */
+};
+
+extern const struct mw__cq_driver mw__verbs_cq_driver;
+
+/* mw__cq_start() - watch @fd (the channel's) on the loop and arm the CQ.
+ * Return 0 or a negative errno. */
+int mw__cq_start(mw_ctx_t *ctx, struct mw__cq *cq, const struct mw__cq_driver *drv,
+                 int fd, void *chan, void *vcq);
+
+/* mw__cq_stop() - stop watching, ack what was taken (before the CQ goes). */
+void mw__cq_stop(struct mw__cq *cq);
+
+/* mw__cq_handle() - the readable handler's work (exposed for tests). */
+void mw__cq_handle(struct mw__cq *cq);
+
+/* mw__cq_open() / mw__cq_close() - a real CQ of @depth entries on @verbs
+ * with its own non-blocking completion channel. */
+int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp);
+void mw__cq_close(struct mw__cq *cq);
+
+/* mw__wc_errno() - a negative errno for a failed work completion. */
+int mw__wc_errno(enum ibv_wc_status status);
+
+#endif

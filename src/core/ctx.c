@@ -1,0 +1,136 @@
+/* The context: joins (or owns) a libevent base, runs deferred tasks from it,
+ * and tears everything down in reverse order of dependency. */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/time.h>
+
+#include <event2/event.h>
+
+#include "core/ctx.h"
+#include "core/dev.h"
+#include "core/future.h"
+#include "core/mem.h"
+#include "core/op.h"
+
+const struct timeval mw__zero_tv = {0, 0};
+
+void mw_ctx_opts_init(mw_ctx_opts_t *opts)
+{
+    *opts = (mw_ctx_opts_t){
+        .log_level = mw__log_level_from_env(MW_LOG_WARN),
+        .cq_depth = 0,
+        .max_wc_per_turn = 0,
+    };
+}
+
+static void on_defer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mw__run_deferred(arg);
+}
+
+void mw__defer(mw_ctx_t *ctx, struct mw__task *t)
+{
+    if (t->queued)
+        return;
+    t->queued = true;
+    t->next = NULL;
+    *ctx->defer_tail = t;
+    ctx->defer_tail = &t->next;
+    if (!ctx->in_callback)        /* else mw__run_deferred schedules it */
+        event_active(ctx->defer_ev, EV_READ, 0);
+}
+
+void mw__run_deferred(mw_ctx_t *ctx)
+{
+    /* Run only what was queued before we started: tasks queued by these
+     * callbacks wait for the next loop turn, so a chain of callbacks never
+     * starves I/O. */
+    struct mw__task *t = ctx->defer_head;
+    ctx->defer_head = NULL;
+    ctx->defer_tail = &ctx->defer_head;
+    ctx->in_callback++;
+    while (t) {
+        struct mw__task *next = t->next;
+        t->queued = false;
+        t->fn(t);
+        t = next;
+    }
+    ctx->in_callback--;
+    /* Tasks queued meanwhile run on the next turn, after I/O: a zero
+     * timer, because libevent would run a re-activated event in this same
+     * pass, and a chain of callbacks would never yield. */
+    if (ctx->defer_head)
+        event_add(ctx->defer_ev, &mw__zero_tv);
+}
+
+int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts)
+{
+    if (!ctxp)
+        return -EINVAL;
+    mw_ctx_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return -ENOMEM;
+    int rc = -ENOMEM;
+    if (opts)
+        ctx->opts = *opts;
+    else
+        mw_ctx_opts_init(&ctx->opts);
+    if (!ctx->opts.max_wc_per_turn)
+        ctx->opts.max_wc_per_turn = 1024;
+    mw__list_init(&ctx->futures);
+    ctx->defer_tail = &ctx->defer_head;
+    ctx->base = base;
+    if (!base) {
+        ctx->base = event_base_new();
+        if (!ctx->base)
+            goto fail;
+        ctx->own_base = true;
+    }
+    ctx->defer_ev = event_new(ctx->base, -1, 0, on_defer, ctx);
+    if (!ctx->defer_ev)
+        goto fail;
+    if ((rc = mw__ops_new(ctx)) < 0 || (rc = mw__mem_new(ctx, NULL)) < 0)
+        goto fail;
+    *ctxp = ctx;
+    return 0;
+fail:
+    mw_ctx_free(ctx);
+    return rc;
+}
+
+void mw_ctx_free(mw_ctx_t *ctx)
+{
+    if (!ctx)
+        return;
+    ctx->closing = true;
+    for (int i = MW__LAYERS; i-- > 0;)
+        if (ctx->layers[i].teardown)
+            ctx->layers[i].teardown(ctx, ctx->layers[i].state);
+    /* Pending work fails first, and its callbacks run while everything
+     * they may touch still exists. */
+    mw__ops_fail_all(ctx);
+    mw__future_fail_all(ctx);
+    while (ctx->defer_head)
+        mw__run_deferred(ctx);
+    mw__future_detach_all(ctx);
+    mw__mem_free(ctx);       /* MRs before the PDs they belong to */
+    mw__devs_free(ctx);      /* CQs, PDs, the completion channel */
+    mw__ops_free(ctx);
+    if (ctx->defer_ev)
+        event_free(ctx->defer_ev);
+    if (ctx->own_base)
+        event_base_free(ctx->base);
+    free(ctx);
+}
+
+struct event_base *mw_ctx_base(mw_ctx_t *ctx)
+{
+    return ctx->base;
+}
+
+void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out)
+{
+    *out = ctx->stats;
+}

@@ -1,0 +1,76 @@
+/* The context: the loop it runs on, deferred work, logs and counters.
+ * Internal to the library (mw__ names). */
+#ifndef MW_CORE_CTX_H
+#define MW_CORE_CTX_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <sys/time.h>
+
+#include "meshwire.h"
+#include "core/list.h"
+
+struct event;
+struct mw__mem;
+struct mw__devs;
+struct mw__ops;
+
+/* A unit of work to run from the loop (never inside the call that queues
+ * it).  Embedded in the object it belongs to; queued at most once. */
+struct mw__task {
+    void (*fn)(struct mw__task *t);
+    struct mw__task *next;
+    bool queued;
+};
+
+/* Layers above core (cm, coll) keep their per-context state here, in a slot
+ * of their own, and are torn down first, highest slot first. */
+#define MW__LAYERS 4
+struct mw__layer {
+    void *state;
+    void (*teardown)(mw_ctx_t *ctx, void *state);
+};
+
+struct mw_ctx {
+    struct event_base *base;
+    bool own_base;
+    mw_ctx_opts_t opts;
+    mw_ctx_stats_t stats;
+
+    /* deferred tasks, run FIFO by one libevent event made active on demand */
+    struct event *defer_ev;
+    struct mw__task *defer_head, **defer_tail;
+    int in_callback;              /* > 0 while running tasks: mw_wait refuses */
+
+    struct mw__list futures;      /* every live future (pending ones fail at free) */
+    struct mw__devs *devs;        /* opened devices: PD + CQ each */
+    struct mw__ops *ops;          /* operation records: wr_id -> op */
+    struct mw__mem *mem;          /* registered arena + registration cache */
+    struct mw__layer layers[MW__LAYERS];
+    bool closing;
+};
+
+/* A zero timeout: "on the next loop turn, after I/O". */
+extern const struct timeval mw__zero_tv;
+
+/* mw__defer() - run t->fn(t) from the loop, after what is already queued. */
+void mw__defer(mw_ctx_t *ctx, struct mw__task *t);
+
+/* mw__run_deferred() - run every queued task now (the loop does this; the
+ * context's teardown too). */
+void mw__run_deferred(mw_ctx_t *ctx);
+
+/* Logging: MW_LOG(ctx, MW_LOG_WARN, "fmt", ...). */
+void mw__log(const mw_ctx_t *ctx, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void mw__vlog(const mw_ctx_t *ctx, int level, const char *fmt, va_list ap);
+#define MW_LOG(ctx, level, ...)                                   \
+    do {                                                          \
+        if ((level) <= (ctx)->opts.log_level)                     \
+            mw__log((ctx), (level), __VA_ARGS__);                 \
+    } while (0)
+
+/* mw__log_level_from_env() - MW_LOG's level, or @dflt when unset/unknown. */
+int mw__log_level_from_env(int dflt);
+
+#endif

@@ -1,0 +1,41 @@
+/* Devices: one protection domain and one CQ (on the context's completion
+ * channel) per RDMA device, opened lazily when a connection first binds to
+ * the device. */
+#ifndef MW_CORE_DEV_H
+#define MW_CORE_DEV_H
+
+#include <infiniband/verbs.h>
+
+#include "core/ctx.h"
+
+struct mw__cq;
+
+struct mw__dev {
+    int index;                     /* 0.. in order of opening; keys are per index */
+    struct ibv_context *verbs;     /* not owned (rdma_cm's, or the caller's) */
+    struct ibv_pd *pd;
+    struct mw__cq *cq;
+    struct ibv_device_attr attr;
+    char name[64];
+    int cqe_size, cqe_used;        /* the CQ's entries, and those reserved */
+};
+
+/* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
+ * registering all existing memory with the new PD) on first use.
+ * Return: 0 or a negative errno. */
+int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
+
+/* mw__dev_count() / mw__dev_at() - the devices opened so far. */
+int mw__dev_count(const mw_ctx_t *ctx);
+struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index);
+
+/* mw__devs_free() - destroy CQs, PDs (after memory is deregistered). */
+void mw__devs_free(mw_ctx_t *ctx);
+
+#endif
+
+/* mw__dev_reserve_cqe() / mw__dev_release_cqe() - account for @n CQ entries
+ * a new queue pair may produce, growing the device's CQ (up to the device's
+ * max_cqe) so it can never overrun.  Return 0 or -ENOSPC / the resize error. */
+int mw__dev_reserve_cqe(struct mw__dev *dev, int n);
+void mw__dev_release_cqe(struct mw__dev *dev, int n);

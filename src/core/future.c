@@ -1,0 +1,559 @@
+/* Futures: a result completed on the loop, with callbacks that always run
+ * later from a deferred task (never inside the call that registers them or
+ * completes the future), chaining, joining, timeouts and cancellation. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <event2/event.h>
+
+#include "core/ctx.h"
+#include "core/future.h"
+
+/* A registered callback.  Nodes from mw_future_then() are malloc'd and freed
+ * by whoever drops them; chain/all embed theirs in their own state so that
+ * registering cannot fail halfway through. */
+struct mw__cb {
+    struct mw__cb *next;
+    mw_then_fn fn;
+    void *arg;
+    bool heap;
+};
+
+struct mw_future {
+    mw_ctx_t *ctx;                /* NULL once detached at teardown */
+    struct mw__list link;         /* in ctx->futures while attached */
+    unsigned refs;
+    int state;                    /* enum mw_future_state */
+    int err;
+    void *value;
+    char *msg;                    /* malloc'd; NULL = use mw_strerror(err) */
+    struct mw__cb *cb_head, **cb_tail;
+    struct mw__task task;         /* runs the callbacks; holds a ref while queued */
+    struct event *timer;
+    unsigned timeout_ms;
+    void (*cancel_fn)(mw_future_t *f, void *arg);
+    void *cancel_arg;
+};
+
+static void run_callbacks(struct mw__task *t);
+static int abort_future(mw_future_t *f, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------------------
+ * Lifetime
+ * ------------------------------------------------------------------------ */
+
+mw_future_t *mw_future_new(mw_ctx_t *ctx)
+{
+    if (!ctx)
+        return NULL;
+    mw_future_t *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->ctx = ctx;
+    f->refs = 1;
+    f->cb_tail = &f->cb_head;
+    f->task.fn = run_callbacks;
+    mw__list_add_tail(&ctx->futures, &f->link);
+    ctx->stats.futures_created++;
+    ctx->stats.futures_live++;
+    /* Created by a callback during teardown: nothing would ever complete it
+     * and the ctx is about to go, so it fails now, while callbacks can run. */
+    if (ctx->closing)
+        abort_future(f, -ECANCELED, "context closed");
+    return f;
+}
+
+mw_future_t *mw_future_ref(mw_future_t *f)
+{
+    if (f)
+        f->refs++;
+    return f;
+}
+
+static void drop_callbacks(mw_future_t *f)
+{
+    size_t n = 0;
+    for (struct mw__cb *c = f->cb_head, *next; c; c = next) {
+        next = c->next;
+        if (c->heap)
+            free(c);
+        n++;
+    }
+    f->cb_head = NULL;
+    f->cb_tail = &f->cb_head;
+    /* Only a pending future can get here with callbacks (a complete one
+     * holds itself until they ran): its last holder gave it up. */
+    if (n && f->ctx)
+        MW_LOG(f->ctx, MW_LOG_DEBUG, "future released while pending: %zu callbacks dropped", n);
+}
+
+void mw_future_unref(mw_future_t *f)
+{
+    if (!f || --f->refs > 0)
+        return;
+    drop_callbacks(f);
+    if (f->timer)
+        event_free(f->timer);
+    free(f->msg);
+    /* A detached future must not touch the ctx: it has been freed. */
+    if (f->ctx) {
+        mw__list_del(&f->link);
+        f->ctx->stats.futures_live--;
+    }
+    free(f);
+}
+
+/* ------------------------------------------------------------------------
+ * Completion
+ * ------------------------------------------------------------------------ */
+
+static void schedule(mw_future_t *f)
+{
+    if (f->task.queued || !f->ctx)
+        return;
+    mw_future_ref(f);
+    mw__defer(f->ctx, &f->task);
+}
+
+/* Common tail of every completion: the deadline and the cancel hook no
+ * longer apply, and callbacks already registered become due. */
+static void finish(mw_future_t *f, int state)
+{
+    f->state = state;
+    f->cancel_fn = NULL;
+    f->cancel_arg = NULL;
+    if (f->timer) {
+        event_free(f->timer);
+        f->timer = NULL;
+    }
+    if (f->cb_head)
+        schedule(f);
+}
+
+int mw_future_resolve(mw_future_t *f, void *value)
+{
+    if (!f)
+        return -EINVAL;
+    if (f->state != MW_FUTURE_PENDING)
+        return -EALREADY;
+    f->value = value;
+    finish(f, MW_FUTURE_DONE);
+    return 0;
+}
+
+static int fail_v(mw_future_t *f, int err, const char *fmt, va_list ap)
+{
+    if (!f || err >= 0)
+        return -EINVAL;
+    if (f->state != MW_FUTURE_PENDING)
+        return -EALREADY;
+    f->err = err;
+    /* On out of memory the message falls back to the errno's name rather
+     * than a truncated or missing text. */
+    if (fmt && vasprintf(&f->msg, fmt, ap) < 0)
+        f->msg = NULL;
+    finish(f, MW_FUTURE_FAILED);
+    return 0;
+}
+
+int mw_future_fail(mw_future_t *f, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = fail_v(f, err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Fail @f on behalf of someone other than its operation (cancel, timeout,
+ * teardown): unlike an ordinary failure, the operation must hear of it. */
+static int abort_future(mw_future_t *f, int err, const char *fmt, ...)
+{
+    void (*hook)(mw_future_t *, void *) = f->cancel_fn;
+    void *hook_arg = f->cancel_arg;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = fail_v(f, err, fmt, ap);
+    va_end(ap);
+    if (rc == 0 && hook)
+        hook(f, hook_arg);
+    return rc;
+}
+
+int mw_future_cancel(mw_future_t *f)
+{
+    if (!f)
+        return -EINVAL;
+    if (f->state != MW_FUTURE_PENDING)
+        return -EALREADY;
+    /* The hook may drop the operation's reference, possibly the last. */
+    mw_future_ref(f);
+    int rc = abort_future(f, -ECANCELED, "cancelled");
+    mw_future_unref(f);
+    return rc;
+}
+
+void mw__future_on_cancel(mw_future_t *f, void (*fn)(mw_future_t *f, void *arg), void *arg)
+{
+    /* A complete future will never be cancelled: a hook would never run. */
+    if (!f || f->state != MW_FUTURE_PENDING)
+        return;
+    f->cancel_fn = fn;
+    f->cancel_arg = arg;
+}
+
+/* ------------------------------------------------------------------------
+ * Accessors
+ * ------------------------------------------------------------------------ */
+
+int mw_future_state(const mw_future_t *f)
+{
+    return f ? f->state : -EINVAL;
+}
+
+int mw_future_error(const mw_future_t *f)
+{
+    if (!f)
+        return -EINVAL;
+    return f->state == MW_FUTURE_FAILED ? f->err : 0;
+}
+
+const char *mw_future_message(const mw_future_t *f)
+{
+    if (!f || f->state != MW_FUTURE_FAILED)
+        return "";
+    return f->msg ? f->msg : mw_strerror(f->err);
+}
+
+void *mw_future_value(const mw_future_t *f)
+{
+    return f && f->state == MW_FUTURE_DONE ? f->value : NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Callbacks
+ * ------------------------------------------------------------------------ */
+
+static void run_callbacks(struct mw__task *t)
+{
+    mw_future_t *f = mw__container_of(t, mw_future_t, task);
+    /* Detach the list first: callbacks registered from inside these ones
+     * queue the task again and run on a later turn, after these. */
+    struct mw__cb *c = f->cb_head;
+    f->cb_head = NULL;
+    f->cb_tail = &f->cb_head;
+    while (c) {
+        /* An embedded node may be freed or reused by its own callback. */
+        struct mw__cb *next = c->next;
+        bool heap = c->heap;
+        c->fn(f, c->arg);
+        if (heap)
+            free(c);
+        c = next;
+    }
+    mw_future_unref(f); /* the reference schedule() took */
+}
+
+static void add_callback(mw_future_t *f, struct mw__cb *c)
+{
+    c->next = NULL;
+    *f->cb_tail = c;
+    f->cb_tail = &c->next;
+    if (f->state != MW_FUTURE_PENDING)
+        schedule(f);
+}
+
+int mw_future_then(mw_future_t *f, mw_then_fn cb, void *arg)
+{
+    if (!f || !cb)
+        return -EINVAL;
+    if (!f->ctx)
+        return -ESHUTDOWN;
+    struct mw__cb *c = malloc(sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    *c = (struct mw__cb){.fn = cb, .arg = arg, .heap = true};
+    add_callback(f, c);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Chain: R = "f, then the future fn returns"
+ * ------------------------------------------------------------------------ */
+
+struct chain {
+    struct mw__cb cb;             /* waits on f, then on g */
+    mw_future_t *r;               /* the result; a reference */
+    mw_future_t *f;               /* the first step until it ran; a reference */
+    mw_future_t *g;               /* the second step once started; a reference */
+    mw_chain_fn fn;
+    void *arg;
+};
+
+static void chain_release(struct chain *c)
+{
+    mw_future_unref(c->f);
+    mw_future_unref(c->g);
+    mw_future_unref(c->r);
+    free(c);
+}
+
+/* R failed by cancel/timeout/teardown: stop the step the chain owns.  The
+ * caller's f is left alone; when it completes, the chain just ends. */
+static void chain_on_cancel(mw_future_t *r, void *arg)
+{
+    struct chain *c = arg;
+    (void)r;
+    if (c->g)
+        mw_future_cancel(c->g);
+}
+
+static void chain_on_second(mw_future_t *g, void *arg)
+{
+    struct chain *c = arg;
+    if (mw_future_state(g) == MW_FUTURE_DONE)
+        mw_future_resolve(c->r, mw_future_value(g));
+    else
+        mw_future_fail(c->r, mw_future_error(g), "%s", mw_future_message(g));
+    chain_release(c);
+}
+
+static void chain_on_first(mw_future_t *f, void *arg)
+{
+    struct chain *c = arg;
+    /* f stays alive for this call: its callback task holds a reference. */
+    mw_future_unref(c->f);
+    c->f = NULL;
+    if (mw_future_state(c->r) != MW_FUTURE_PENDING) {
+        chain_release(c); /* R was cancelled: don't start the next step */
+    } else if (mw_future_state(f) == MW_FUTURE_FAILED) {
+        mw_future_fail(c->r, mw_future_error(f), "%s", mw_future_message(f));
+        chain_release(c);
+    } else if (!(c->g = c->fn(f, c->arg))) {
+        mw_future_fail(c->r, -ECANCELED, "chain step returned no future");
+        chain_release(c);
+    } else if (!c->g->ctx) {
+        mw_future_fail(c->r, -ESHUTDOWN, "chain step returned a detached future");
+        chain_release(c);
+    } else {
+        /* f's list let go of the node before this call: reuse it */
+        c->cb.fn = chain_on_second;
+        add_callback(c->g, &c->cb);
+    }
+}
+
+mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg)
+{
+    if (!f || !fn || !f->ctx)
+        return NULL;
+    struct chain *c = calloc(1, sizeof *c);
+    mw_future_t *r = mw_future_new(f->ctx);
+    if (!c || !r) {
+        free(c);
+        mw_future_unref(r);
+        return NULL;
+    }
+    c->r = mw_future_ref(r);
+    c->fn = fn;
+    c->arg = arg;
+    c->cb = (struct mw__cb){.fn = chain_on_first, .arg = c};
+    /* f must live until the chain has looked at it, whatever its caller
+     * does with its own reference. */
+    c->f = mw_future_ref(f);
+    mw__future_on_cancel(r, chain_on_cancel, c);
+    add_callback(f, &c->cb);
+    return r;
+}
+
+/* ------------------------------------------------------------------------
+ * All: done when every member is, failed by the first failure
+ * ------------------------------------------------------------------------ */
+
+struct all_member {
+    struct mw__cb cb;
+    struct all *all;
+    mw_future_t *f;               /* a reference until its callback ran */
+    size_t index;
+};
+
+struct all {
+    mw_future_t *r;               /* the result; a reference */
+    size_t n;
+    size_t left;                  /* members not yet done */
+    size_t live;                  /* members whose callback has not run */
+    struct all_member m[];
+};
+
+static void all_on_member(mw_future_t *f, void *arg)
+{
+    struct all_member *m = arg;
+    struct all *a = m->all;
+    if (mw_future_state(f) == MW_FUTURE_FAILED)
+        /* 1-based, as a person counts; -EALREADY after the first failure */
+        mw_future_fail(a->r, mw_future_error(f), "future %zu of %zu: %s",
+                       m->index + 1, a->n, mw_future_message(f));
+    else if (--a->left == 0)
+        mw_future_resolve(a->r, NULL);
+    mw_future_unref(m->f); /* f itself stays alive: its task holds it */
+    m->f = NULL;
+    if (--a->live == 0) {
+        mw_future_unref(a->r);
+        free(a);
+    }
+}
+
+static bool all_members_valid(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!fs[i] || fs[i]->ctx != ctx)
+            return false;
+    return true;
+}
+
+mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
+{
+    if (!ctx || (n && !fs) || !all_members_valid(ctx, fs, n))
+        return NULL;
+    mw_future_t *r = mw_future_new(ctx);
+    if (!r)
+        return NULL;
+    if (n == 0) {
+        mw_future_resolve(r, NULL); /* callbacks still wait for the loop */
+        return r;
+    }
+    struct all *a = calloc(1, sizeof *a + n * sizeof a->m[0]);
+    if (!a) {
+        mw_future_unref(r);
+        return NULL;
+    }
+    *a = (struct all){.r = mw_future_ref(r), .n = n, .left = n, .live = n};
+    /* Everything is allocated: registering below cannot fail halfway. */
+    for (size_t i = 0; i < n; i++) {
+        struct all_member *m = &a->m[i];
+        *m = (struct all_member){.all = a, .f = mw_future_ref(fs[i]), .index = i};
+        m->cb = (struct mw__cb){.fn = all_on_member, .arg = m};
+        add_callback(fs[i], &m->cb);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------------
+ * Timeouts
+ * ------------------------------------------------------------------------ */
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    mw_future_t *f = arg;
+    (void)fd;
+    (void)what;
+    /* Completing frees this timer (fine from its own callback); the cancel
+     * hook may drop the operation's reference, possibly the last. */
+    mw_future_ref(f);
+    abort_future(f, -ETIMEDOUT, "timed out after %u ms", f->timeout_ms);
+    mw_future_unref(f);
+}
+
+int mw_future_set_timeout(mw_future_t *f, unsigned ms)
+{
+    if (!f)
+        return -EINVAL;
+    if (!f->ctx)
+        return -ESHUTDOWN;
+    if (f->state != MW_FUTURE_PENDING)
+        return -EALREADY;
+    if (!f->timer && !(f->timer = evtimer_new(f->ctx->base, on_timeout, f)))
+        return -ENOMEM;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    if (evtimer_add(f->timer, &tv) < 0)
+        return -ENOMEM;
+    f->timeout_ms = ms;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Waiting
+ * ------------------------------------------------------------------------ */
+
+int mw_wait(mw_future_t *f)
+{
+    if (!f)
+        return -EINVAL;
+    mw_ctx_t *ctx = f->ctx;
+    if (!ctx)
+        return -ESHUTDOWN;
+    /* Running the loop from inside one of its callbacks would re-enter it. */
+    if (ctx->in_callback > 0)
+        return -EDEADLK;
+    int rc = 0;
+    mw_future_ref(f);
+    while (f->state == MW_FUTURE_PENDING) {
+        int r = event_base_loop(ctx->base, EVLOOP_ONCE);
+        if (r == 1 && f->state == MW_FUTURE_PENDING) {
+            /* Nothing is registered that could ever complete it. */
+            rc = -EDEADLK;
+            break;
+        }
+        if (r < 0) {
+            /* The base is already running: called from a caller's event. */
+            rc = -EDEADLK;
+            break;
+        }
+    }
+    if (rc == 0)
+        rc = mw_future_error(f);
+    mw_future_unref(f);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * Teardown
+ * ------------------------------------------------------------------------ */
+
+void mw__future_fail_all(mw_ctx_t *ctx)
+{
+    /* Cancel hooks may free futures (an operation dropping its reference)
+     * and so may unlink any entry: work from a private list, moving each
+     * future back before touching it, so the walk never holds a pointer to
+     * a freed node. */
+    struct mw__list todo;
+    mw__list_init(&todo);
+    if (mw__list_empty(&ctx->futures))
+        return;
+    todo.next = ctx->futures.next;
+    todo.prev = ctx->futures.prev;
+    todo.next->prev = &todo;
+    todo.prev->next = &todo;
+    mw__list_init(&ctx->futures);
+    while (!mw__list_empty(&todo)) {
+        mw_future_t *f = mw__container_of(todo.next, mw_future_t, link);
+        mw__list_del(&f->link);
+        mw__list_add_tail(&ctx->futures, &f->link);
+        if (f->state != MW_FUTURE_PENDING)
+            continue;
+        mw_future_ref(f);
+        abort_future(f, -ECANCELED, "context closed");
+        mw_future_unref(f);
+    }
+}
+
+void mw__future_detach_all(mw_ctx_t *ctx)
+{
+    size_t n = 0;
+    while (!mw__list_empty(&ctx->futures)) {
+        mw_future_t *f = mw__container_of(ctx->futures.next, mw_future_t, link);
+        mw__list_del(&f->link);
+        /* Every future is complete by now (so it has no timer), but a timer
+         * must never outlive the base it was made on. */
+        if (f->timer) {
+            event_free(f->timer);
+            f->timer = NULL;
+        }
+        f->ctx = NULL;
+        n++;
+    }
+    if (n)
+        MW_LOG(ctx, MW_LOG_DEBUG, "%zu futures still referenced at teardown", n);
+}

@@ -1,0 +1,45 @@
+/* Registered memory: the jemalloc arena behind mw_alloc() and the
+ * registration cache behind mw_reg(), both as "regions" registered with every
+ * device's protection domain, and the address -> keys lookup of the post
+ * path. */
+#ifndef MW_CORE_MEM_H
+#define MW_CORE_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/ctx.h"
+
+struct mw__dev;
+
+/* How a region gets registered with one device.  The real backend calls
+ * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
+struct mw__reg_backend {
+    /* register [addr, addr+len) with @dev; fill keys; return a handle or
+     * NULL with errno set */
+    void *(*reg)(void *be, struct mw__dev *dev, void *addr, size_t len,
+                 uint32_t *lkey, uint32_t *rkey);
+    /* release a handle from reg(); return 0 or a negative errno */
+    int (*dereg)(void *be, void *handle);
+    void *be;
+};
+
+/* mw__mem_new() - set up @ctx->mem (arena created lazily on first alloc);
+ * @backend NULL means ibv_reg_mr.  Return 0 or a negative errno. */
+int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend);
+
+/* mw__mem_free() - destroy the arena, deregister everything. */
+void mw__mem_free(mw_ctx_t *ctx);
+
+/* mw__mem_add_dev() - a device was opened: register every live region with
+ * it, and every later region too.  The memory layer keeps its own list of
+ * the devices added here (it calls nothing in dev.c), indexed by dev->index.
+ * Return 0 or a negative errno. */
+int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+
+/* mw__mem_keys() - keys of @dev for [addr, addr+len), which must lie inside
+ * one region.  Return 0, or -EFAULT when the range is not registered. */
+int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev,
+                 const void *addr, size_t len, uint32_t *lkey, uint32_t *rkey);
+
+#endif

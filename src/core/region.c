@@ -1,0 +1,241 @@
+/* Regions: registration with every known device, and the sorted index. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/region.h"
+
+/* ------------------------------------------------------------------------
+ * Registration
+ * ------------------------------------------------------------------------ */
+
+void mw__registrar_init(struct mw__registrar *rg, const struct mw__reg_backend *be,
+                        uint64_t *nreg, uint64_t *ndereg)
+{
+    *rg = (struct mw__registrar){.be = *be, .nreg = nreg, .ndereg = ndereg};
+    mw__list_init(&rg->all);
+}
+
+void mw__registrar_fini(struct mw__registrar *rg)
+{
+    free(rg->devs);
+    rg->devs = NULL;
+    rg->nslots = 0;
+}
+
+/* One backend registration; errors normalised to a negative errno. */
+static int reg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+{
+    struct mw__keys *k = &r->keys[i];
+    (*rg->nreg)++;
+    errno = 0;
+    k->handle = rg->be.reg(rg->be.be, rg->devs[i], (void *)r->start,
+                           r->end - r->start, &k->lkey, &k->rkey);
+    if (k->handle)
+        return 0;
+    int err = errno > 0 ? -errno : -EIO;
+    *k = (struct mw__keys){0};
+    return err;
+}
+
+static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+{
+    struct mw__keys *k = &r->keys[i];
+    if (!k->handle)
+        return 0;
+    (*rg->ndereg)++;
+    int rc = rg->be.dereg(rg->be.be, k->handle);
+    /* The handle is gone either way: a failed dereg cannot be retried
+     * meaningfully, and keeping it would only dangle. */
+    *k = (struct mw__keys){0};
+    return rc > 0 ? -rc : rc;
+}
+
+int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
+                    uintptr_t start, size_t len)
+{
+    int n = rg->nslots > 0 ? rg->nslots : 1;
+    *r = (struct mw__region){.start = start, .end = start + len, .nkeys = n};
+    mw__list_init(&r->link);
+    r->keys = calloc((size_t)n, sizeof *r->keys);
+    if (!r->keys)
+        return -ENOMEM;
+    for (int i = 0; i < rg->nslots; i++) {
+        if (!rg->devs[i])
+            continue;
+        int rc = reg_one(rg, r, i);
+        if (rc < 0) {
+            while (i-- > 0)
+                dereg_one(rg, r, i);
+            free(r->keys);
+            r->keys = NULL;
+            return rc;
+        }
+    }
+    mw__list_add_tail(&rg->all, &r->link);
+    return 0;
+}
+
+int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
+{
+    int err = 0;
+    for (int i = 0; i < r->nkeys; i++) {
+        int rc = dereg_one(rg, r, i);
+        if (rc < 0 && !err)
+            err = rc;
+    }
+    mw__list_del(&r->link);
+    free(r->keys);
+    r->keys = NULL;
+    r->nkeys = 0;
+    return err;
+}
+
+/* Make every region's key table and the device table @n long.  A failure
+ * half way leaves some tables longer than needed, which is harmless. */
+static int grow_slots(struct mw__registrar *rg, int n)
+{
+    for (struct mw__list *l = rg->all.next; l != &rg->all; l = l->next) {
+        struct mw__region *r = mw__container_of(l, struct mw__region, link);
+        if (r->nkeys >= n)
+            continue;
+        struct mw__keys *k = realloc(r->keys, (size_t)n * sizeof *k);
+        if (!k)
+            return -ENOMEM;
+        memset(k + r->nkeys, 0, (size_t)(n - r->nkeys) * sizeof *k);
+        r->keys = k;
+        r->nkeys = n;
+    }
+    struct mw__dev **d = realloc(rg->devs, (size_t)n * sizeof *d);
+    if (!d)
+        return -ENOMEM;
+    memset(d + rg->nslots, 0, (size_t)(n - rg->nslots) * sizeof *d);
+    rg->devs = d;
+    rg->nslots = n;
+    return 0;
+}
+
+int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev)
+{
+    if (!dev || dev->index < 0)
+        return -EINVAL;
+    int i = dev->index;
+    if (i < rg->nslots && rg->devs[i])
+        return rg->devs[i] == dev ? 0 : -EEXIST;
+    if (i >= rg->nslots) {
+        int rc = grow_slots(rg, i + 1);
+        if (rc < 0)
+            return rc;
+    }
+    /* Registered with the slot filled in, so reg_one sees the device; the
+     * slot is emptied again if any region fails. */
+    rg->devs[i] = dev;
+    struct mw__list *l;
+    int rc = 0;
+    for (l = rg->all.next; l != &rg->all; l = l->next) {
+        rc = reg_one(rg, mw__container_of(l, struct mw__region, link), i);
+        if (rc < 0)
+            break;
+    }
+    if (rc < 0) {
+        for (struct mw__list *u = rg->all.next; u != l; u = u->next)
+            dereg_one(rg, mw__container_of(u, struct mw__region, link), i);
+        rg->devs[i] = NULL;
+        return rc;
+    }
+    rg->ndevs++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Sorted index
+ * ------------------------------------------------------------------------ */
+
+void mw__rindex_fini(struct mw__rindex *ix)
+{
+    free(ix->v);
+    *ix = (struct mw__rindex){0};
+}
+
+int mw__rindex_reserve(struct mw__rindex *ix, size_t n)
+{
+    if (n <= ix->cap)
+        return 0;
+    size_t cap = ix->cap ? ix->cap : 16;
+    while (cap < n)
+        cap *= 2;
+    struct mw__region **v = realloc(ix->v, cap * sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    ix->v = v;
+    ix->cap = cap;
+    return 0;
+}
+
+/* The number of regions starting at or before @addr (so v[that - 1] is the
+ * only candidate to contain it). */
+static size_t upper_bound(const struct mw__rindex *ix, uintptr_t addr)
+{
+    size_t lo = 0, hi = ix->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ix->v[mid]->start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int mw__rindex_insert(struct mw__rindex *ix, struct mw__region *r)
+{
+    int rc = mw__rindex_reserve(ix, ix->n + 1);
+    if (rc < 0)
+        return rc;
+    size_t at = upper_bound(ix, r->start);
+    memmove(&ix->v[at + 1], &ix->v[at], (ix->n - at) * sizeof *ix->v);
+    ix->v[at] = r;
+    ix->n++;
+    return 0;
+}
+
+bool mw__rindex_remove(struct mw__rindex *ix, const struct mw__region *r)
+{
+    size_t at = upper_bound(ix, r->start);
+    if (at == 0 || ix->v[at - 1] != r)
+        return false;
+    at--;
+    memmove(&ix->v[at], &ix->v[at + 1], (ix->n - at - 1) * sizeof *ix->v);
+    ix->n--;
+    return true;
+}
+
+struct mw__region *mw__rindex_find(const struct mw__rindex *ix, uintptr_t start,
+                                   uintptr_t end)
+{
+    size_t at = upper_bound(ix, start);
+    if (at == 0)
+        return NULL;
+    struct mw__region *r = ix->v[at - 1];
+    return end <= r->end ? r : NULL;
+}
+
+size_t mw__rindex_overlap(const struct mw__rindex *ix, uintptr_t start,
+                          uintptr_t end, size_t *first)
+{
+    /* Disjoint and sorted by start means sorted by end too: skip those
+     * ending at or before @start, take those starting before @end. */
+    size_t lo = 0, hi = ix->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ix->v[mid]->end <= start)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t n = 0;
+    while (lo + n < ix->n && ix->v[lo + n]->start < end)
+        n++;
+    *first = lo;
+    return n;
+}

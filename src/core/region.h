@@ -1,0 +1,125 @@
+/* Regions: address ranges registered with every device the memory layer
+ * knows, their per-device keys, and a sorted index for the post path's
+ * address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
+ * so it runs (and is tested) without an RDMA device.  Also the state shared
+ * by mem.c (mw__mem_*, mw_reg) and arena.c (mw_alloc, jemalloc hooks). */
+#ifndef MW_CORE_REGION_H
+#define MW_CORE_REGION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/ctx.h"
+#include "core/dev.h"
+#include "core/list.h"
+#include "core/mem.h"
+
+/* One device's registration of a region; handle NULL = not registered. */
+struct mw__keys {
+    void *handle;
+    uint32_t lkey, rkey;
+};
+
+/* [start, end), embedded in whatever owns it (an arena mapping, a mw_reg
+ * registration) so the owner's extra state sits next to it. */
+struct mw__region {
+    uintptr_t start, end;
+    struct mw__keys *keys;    /* by device index; nkeys >= registrar's nslots */
+    int nkeys;
+    struct mw__list link;     /* in the registrar's list of live regions */
+};
+
+/* The devices every region is registered with, and how. */
+struct mw__registrar {
+    struct mw__reg_backend be;
+    struct mw__dev **devs;    /* by dev->index; NULL where none was added */
+    int nslots;               /* length of devs */
+    int ndevs;                /* devices added */
+    struct mw__list all;      /* every live region, whoever owns it */
+    uint64_t *nreg, *ndereg;  /* counters bumped per backend call */
+};
+
+void mw__registrar_init(struct mw__registrar *rg, const struct mw__reg_backend *be,
+                        uint64_t *nreg, uint64_t *ndereg);
+/* Frees the device table; the owners must have released their regions. */
+void mw__registrar_fini(struct mw__registrar *rg);
+
+/* mw__registrar_has() - whether @dev was added (post path: inline). */
+static inline bool mw__registrar_has(const struct mw__registrar *rg,
+                                     const struct mw__dev *dev)
+{
+    return dev && dev->index >= 0 && dev->index < rg->nslots &&
+           rg->devs[dev->index] == dev;
+}
+
+/* mw__registrar_add_dev() - register every live region with @dev, and every
+ * later one.  On error nothing is left registered with @dev and it stays
+ * unknown.  Adding the same device again is a no-op; another device at a
+ * taken index is -EEXIST. */
+int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev);
+
+/* mw__region_init() - register [start, start+len) with every device and
+ * link @r as live.  On error (the backend's, or -ENOMEM) nothing stays
+ * registered and @r is not linked. */
+int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
+                    uintptr_t start, size_t len);
+
+/* mw__region_fini() - deregister @r from every device and unlink it.  The
+ * handles are dropped even when the backend fails; returns its first error. */
+int mw__region_fini(struct mw__registrar *rg, struct mw__region *r);
+
+/* An index of regions sorted by start.  Its users keep the regions in one
+ * index pairwise disjoint, which makes the region containing an address
+ * unique and binary search exact. */
+struct mw__rindex {
+    struct mw__region **v;
+    size_t n, cap;
+};
+
+void mw__rindex_fini(struct mw__rindex *ix);
+
+/* mw__rindex_reserve() - room for @n regions, so later inserts cannot fail. */
+int mw__rindex_reserve(struct mw__rindex *ix, size_t n);
+
+/* mw__rindex_insert() - add @r (disjoint from the others); -ENOMEM. */
+int mw__rindex_insert(struct mw__rindex *ix, struct mw__region *r);
+
+/* mw__rindex_remove() - take @r out; false if it was not there. */
+bool mw__rindex_remove(struct mw__rindex *ix, const struct mw__region *r);
+
+/* mw__rindex_find() - the region containing all of [start, end), or NULL.
+ * O(log n), no allocation: this is the post path. */
+struct mw__region *mw__rindex_find(const struct mw__rindex *ix, uintptr_t start,
+                                   uintptr_t end);
+
+/* mw__rindex_overlap() - the regions intersecting [start, end): they are
+ * ix->v[*first .. *first + count).  Returns count. */
+size_t mw__rindex_overlap(const struct mw__rindex *ix, uintptr_t start,
+                          uintptr_t end, size_t *first);
+
+/* ------------------------------------------------------------------------
+ * The memory layer's state, shared by mem.c and arena.c
+ * ------------------------------------------------------------------------ */
+
+struct mw__arena;
+
+struct mw__mem {
+    mw_ctx_t *ctx;
+    struct mw__registrar rg;
+    /* Lookup rule: two indexes, each pairwise disjoint; the post path tries
+     * the arena's, then mw_reg's (see mem.c for how merging keeps the
+     * latter disjoint). */
+    struct mw__rindex arena_ix;   /* one region per arena mapping */
+    struct mw__rindex user_ix;    /* outermost live mw_reg regions */
+    struct mw__list uregs;        /* every live mw_reg region */
+    size_t nuregs;
+    struct mw__list handles;      /* every mw_mr_t handed out */
+    struct mw__arena *arena;      /* created by the first mw_alloc() */
+};
+
+/* mw__arena_destroy() - (arena.c) destroy the jemalloc arena, deregister
+ * and unmap every mapping; for mw__mem_free(). */
+void mw__arena_destroy(struct mw__mem *m);
+
+#endif

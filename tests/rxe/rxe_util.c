@@ -1,0 +1,134 @@
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "rxe_util.h"
+
+void rxe_require(int n, const char **addrs)
+{
+    int num = 0;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    if (list)
+        ibv_free_device_list(list);
+    if (num == 0) {
+        printf("SKIP: no RDMA device (run through tools/rxe-vm)\n");
+        exit(SKIP_EXIT);
+    }
+    static char buf[1024];
+    const char *env = getenv("MW_ADDRS");
+    snprintf(buf, sizeof buf, "%s", env ? env : "");
+    int got = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t && got < n; t = strtok_r(NULL, ",", &save))
+        addrs[got++] = t;
+    if (got < n) {
+        printf("SKIP: needs %d RDMA addresses in MW_ADDRS, has %d\n", n, got);
+        exit(SKIP_EXIT);
+    }
+}
+
+static int expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
+                  struct rdma_cm_id **id)
+{
+    struct rdma_cm_event *ev;
+    if (rdma_get_cm_event(ch, &ev) < 0)
+        return -errno;
+    int ok = ev->event == want;
+    if (!ok)
+        fprintf(stderr, "rdma_cm: got %s (status %d), wanted %s\n", rdma_event_str(ev->event),
+                ev->status, rdma_event_str(want));
+    if (id)
+        *id = ev->id;
+    rdma_ack_cm_event(ev);
+    return ok ? 0 : -EPROTO;
+}
+
+static int make_qp(mw_ctx_t *ctx, struct rdma_cm_id *id, int depth, struct mw__dev **devp)
+{
+    int rc = mw__dev_get(ctx, id->verbs, devp);
+    if (rc < 0)
+        return rc;
+    struct ibv_cq *cq = (*devp)->cq->cq;
+    struct ibv_qp_init_attr a = {
+        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = depth, .max_recv_wr = depth, .max_send_sge = 1, .max_recv_sge = 1},
+    };
+    return rdma_create_qp(id, (*devp)->pd, &a) < 0 ? -errno : 0;
+}
+
+static int sockaddr_of(const char *ip, int port, struct sockaddr_in *sa)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons(port);
+    return inet_pton(AF_INET, ip, &sa->sin_addr) == 1 ? 0 : -EINVAL;
+}
+
+int qp_pair_connect(mw_ctx_t *ctx, const char *src, const char *dst, int depth,
+                    struct qp_pair *p)
+{
+    memset(p, 0, sizeof *p);
+    struct sockaddr_in s, d;
+    struct rdma_conn_param cp = {.responder_resources = 1, .initiator_depth = 1,
+                                 .retry_count = 7, .rnr_retry_count = 7};
+    int rc;
+    if (sockaddr_of(src, 0, &s) < 0 || sockaddr_of(dst, 0, &d) < 0)
+        return -EINVAL;
+    if (!(p->ch = rdma_create_event_channel()))
+        return -errno;
+    if (rdma_create_id(p->ch, &p->listen, NULL, RDMA_PS_TCP) < 0 ||
+        rdma_bind_addr(p->listen, (struct sockaddr *)&d) < 0 || rdma_listen(p->listen, 4) < 0 ||
+        rdma_create_id(p->ch, &p->client, NULL, RDMA_PS_TCP) < 0)
+        return -errno;
+    d.sin_port = rdma_get_src_port(p->listen);
+    if (rdma_resolve_addr(p->client, (struct sockaddr *)&s, (struct sockaddr *)&d, 2000) < 0)
+        return -errno;
+    if ((rc = expect(p->ch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL)) < 0)
+        return rc;
+    if (rdma_resolve_route(p->client, 2000) < 0)
+        return -errno;
+    if ((rc = expect(p->ch, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL)) < 0 ||
+        (rc = make_qp(ctx, p->client, depth, &p->cdev)) < 0)
+        return rc;
+    if (rdma_connect(p->client, &cp) < 0)
+        return -errno;
+    if ((rc = expect(p->ch, RDMA_CM_EVENT_CONNECT_REQUEST, &p->server)) < 0 ||
+        (rc = make_qp(ctx, p->server, depth, &p->sdev)) < 0)
+        return rc;
+    if (rdma_accept(p->server, &cp) < 0)
+        return -errno;
+    /* both ends report ESTABLISHED, in either order */
+    if ((rc = expect(p->ch, RDMA_CM_EVENT_ESTABLISHED, NULL)) < 0 ||
+        (rc = expect(p->ch, RDMA_CM_EVENT_ESTABLISHED, NULL)) < 0)
+        return rc;
+    return 0;
+}
+
+void qp_pair_close(struct qp_pair *p)
+{
+    struct rdma_cm_id *ids[] = {p->client, p->server};
+    for (int i = 0; i < 2; i++)
+        if (ids[i]) {
+            rdma_disconnect(ids[i]);
+            if (ids[i]->qp)
+                rdma_destroy_qp(ids[i]);
+        }
+    for (int i = 0; i < 2; i++)
+        if (ids[i])
+            rdma_destroy_id(ids[i]);
+    if (p->listen)
+        rdma_destroy_id(p->listen);
+    if (p->ch)
+        rdma_destroy_event_channel(p->ch);
+    memset(p, 0, sizeof *p);
+}
+
+double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}

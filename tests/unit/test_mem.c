@@ -1,0 +1,635 @@
+/* Registered memory without an RDMA device: the region index, the mw_reg()
+ * registration cache, and mw_alloc()'s jemalloc arena, over a fake
+ * registration backend and fake devices (only .index is set).
+ *
+ * The context: mw_ctx_new() always wires the real ibv_reg_mr backend, so
+ * setup() creates a context as usual and then swaps its memory layer for one
+ * on the fake backend (mw__mem_free + mw__mem_new) before anything is
+ * registered, so the swap is invisible.  teardown() frees the memory layer
+ * explicitly (to check that everything registered was deregistered exactly
+ * once), then the context as usual. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <jemalloc/jemalloc.h>
+
+#include "core/ctx.h"
+#include "core/dev.h"
+#include "core/mem.h"
+#include "core/region.h"
+
+/* ------------------------------------------------------------------------
+ * Fake backend
+ * ------------------------------------------------------------------------ */
+
+struct fake_mr {
+    struct fake_mr *next;
+    int dev;
+    uintptr_t start, end;
+    uint32_t lkey, rkey;
+};
+
+struct fake {
+    unsigned calls;           /* reg calls, failed ones included */
+    unsigned regs, deregs;    /* successful regs; deregs */
+    unsigned live;
+    int fail_in;              /* > 0: the fail_in-th next reg call fails */
+    bool fail_sticky;         /* ... and every one after it */
+    int fail_err;
+    uint32_t serial;
+    uintptr_t last_start, last_end; /* range of the last successful reg */
+    struct fake_mr *mrs;
+};
+
+static void *fake_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
+                      uint32_t *lkey, uint32_t *rkey)
+{
+    struct fake *f = be;
+    f->calls++;
+    if (f->fail_in > 0 && --f->fail_in == 0) {
+        if (f->fail_sticky)
+            f->fail_in = 1;
+        errno = f->fail_err;
+        return NULL;
+    }
+    struct fake_mr *mr = calloc(1, sizeof *mr);
+    if (!mr) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* Distinct keys per call; the low byte names the device. */
+    f->serial++;
+    *mr = (struct fake_mr){
+        .next = f->mrs,
+        .dev = dev->index,
+        .start = (uintptr_t)addr,
+        .end = (uintptr_t)addr + len,
+        .lkey = f->serial << 8 | (uint32_t)dev->index,
+        .rkey = (f->serial << 8 | (uint32_t)dev->index) ^ 0x80000000u,
+    };
+    f->mrs = mr;
+    f->regs++;
+    f->live++;
+    f->last_start = mr->start;
+    f->last_end = mr->end;
+    *lkey = mr->lkey;
+    *rkey = mr->rkey;
+    return mr;
+}
+
+static int fake_dereg(void *be, void *handle)
+{
+    struct fake *f = be;
+    struct fake_mr **pp = &f->mrs;
+    while (*pp && *pp != handle)
+        pp = &(*pp)->next;
+    assert_non_null(*pp);     /* a handle is deregistered once, and was ours */
+    *pp = ((struct fake_mr *)handle)->next;
+    free(handle);
+    f->deregs++;
+    f->live--;
+    return 0;
+}
+
+static struct fake_mr *fake_find(const struct fake *f, uint32_t lkey)
+{
+    for (struct fake_mr *mr = f->mrs; mr; mr = mr->next)
+        if (mr->lkey == lkey)
+            return mr;
+    return NULL;
+}
+
+static void fake_fail(struct fake *f, int in, bool sticky, int err)
+{
+    f->fail_in = in;
+    f->fail_sticky = sticky;
+    f->fail_err = err;
+}
+
+/* ------------------------------------------------------------------------
+ * Fixture
+ * ------------------------------------------------------------------------ */
+
+#define NDEV 4
+
+struct env {
+    mw_ctx_t *ctx;
+    struct fake fake;
+    struct mw__reg_backend be;
+    struct mw__dev dev[NDEV];
+    unsigned logs;
+};
+
+static void count_log(int level, const char *msg, void *arg)
+{
+    (void)level;
+    (void)msg;
+    ((struct env *)arg)->logs++;
+}
+
+static int setup(void **state)
+{
+    struct env *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    mw_ctx_opts_t o;
+    mw_ctx_opts_init(&o);
+    o.log_level = MW_LOG_DEBUG;   /* exercise every log call, silently */
+    o.log_fn = count_log;
+    o.log_arg = e;
+    assert_int_equal(mw_ctx_new(&e->ctx, NULL, &o), 0);
+    /* Swap the real backend for the fake (see the top of the file). */
+    mw__mem_free(e->ctx);
+    assert_null(e->ctx->mem);
+    e->be = (struct mw__reg_backend){.reg = fake_reg, .dereg = fake_dereg, .be = &e->fake};
+    assert_int_equal(mw__mem_new(e->ctx, &e->be), 0);
+    for (int i = 0; i < NDEV; i++)
+        e->dev[i].index = i;
+    *state = e;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct env *e = *state;
+    mw__mem_free(e->ctx);
+    mw_ctx_stats_t st;
+    mw_ctx_stats(e->ctx, &st);
+    /* Everything registered was deregistered exactly once (fake_dereg
+     * rejects a second time), and the counters saw every backend call. */
+    assert_int_equal(e->fake.live, 0);
+    assert_null(e->fake.mrs);
+    assert_int_equal(e->fake.regs, e->fake.deregs);
+    assert_int_equal(st.registrations, e->fake.calls);
+    assert_int_equal(st.deregistrations, e->fake.deregs);
+    mw_ctx_free(e->ctx);
+    free(e);
+    return 0;
+}
+
+static void add_dev(struct env *e, int i)
+{
+    assert_int_equal(mw__mem_add_dev(e->ctx, &e->dev[i]), 0);
+}
+
+/* The fake MR behind @dev's keys for [addr, addr+len): it must cover the
+ * range and belong to that device. */
+static struct fake_mr *mr_for(struct env *e, int dev, const void *addr, size_t len)
+{
+    uint32_t lkey = 0, rkey = 0;
+    assert_int_equal(mw__mem_keys(e->ctx, &e->dev[dev], addr, len, &lkey, &rkey), 0);
+    struct fake_mr *mr = fake_find(&e->fake, lkey);
+    assert_non_null(mr);
+    assert_int_equal(mr->rkey, rkey);
+    assert_int_equal(mr->dev, dev);
+    assert_true(mr->start <= (uintptr_t)addr);
+    assert_true((uintptr_t)addr + len <= mr->end);
+    return mr;
+}
+
+static int keys_rc(struct env *e, const struct mw__dev *dev, const void *addr, size_t len)
+{
+    uint32_t lkey, rkey;
+    return mw__mem_keys(e->ctx, dev, addr, len, &lkey, &rkey);
+}
+
+static uint64_t cache_hits(struct env *e)
+{
+    mw_ctx_stats_t st;
+    mw_ctx_stats(e->ctx, &st);
+    return st.reg_cache_hits;
+}
+
+/* Caller memory for mw_reg (the fake never touches it). */
+static char buf[1 << 16];
+
+/* ------------------------------------------------------------------------
+ * The sorted index alone
+ * ------------------------------------------------------------------------ */
+
+static void rindex_binary_search(void **state)
+{
+    (void)state;
+    enum { N = 257 };
+    static struct mw__region r[N];
+    struct mw__rindex ix = {0};
+    /* Regions [100i, 100i + 50), inserted in a scrambled order. */
+    for (unsigned k = 0; k < N; k++) {
+        unsigned i = (k * 101) % N;
+        r[i] = (struct mw__region){.start = 1000 + 100 * i, .end = 1050 + 100 * i};
+        assert_int_equal(mw__rindex_insert(&ix, &r[i]), 0);
+    }
+    assert_int_equal(ix.n, N);
+    for (unsigned i = 0; i < N; i++) {
+        uintptr_t s = r[i].start;
+        assert_ptr_equal(mw__rindex_find(&ix, s, s + 50), &r[i]);
+        assert_ptr_equal(mw__rindex_find(&ix, s + 10, s + 11), &r[i]);
+        assert_null(mw__rindex_find(&ix, s + 40, s + 60));   /* runs past the end */
+        assert_null(mw__rindex_find(&ix, s + 60, s + 70));   /* in the gap */
+        assert_null(mw__rindex_find(&ix, s + 40, s + 110));  /* straddles two */
+    }
+    assert_null(mw__rindex_find(&ix, 0, 10));
+    size_t first, n = mw__rindex_overlap(&ix, 1040, 1300, &first);
+    assert_int_equal(n, 3);
+    assert_ptr_equal(ix.v[first], &r[0]);
+    assert_int_equal(mw__rindex_overlap(&ix, 1050, 1100, &first), 0);
+    for (unsigned i = 0; i < N; i += 2)
+        assert_true(mw__rindex_remove(&ix, &r[i]));
+    assert_false(mw__rindex_remove(&ix, &r[0]));
+    for (unsigned i = 0; i < N; i++) {
+        struct mw__region *want = i % 2 ? &r[i] : NULL;
+        assert_ptr_equal(mw__rindex_find(&ix, r[i].start, r[i].end), want);
+    }
+    mw__rindex_fini(&ix);
+}
+
+/* ------------------------------------------------------------------------
+ * mw_reg cache
+ * ------------------------------------------------------------------------ */
+
+static void reg_subrange_hits_cache(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *whole, *part;
+    assert_int_equal(mw_reg(e->ctx, buf, 16384, &whole), 0);
+    assert_int_equal(e->fake.calls, 1);
+    assert_int_equal(mw_reg(e->ctx, buf + 100, 200, &part), 0);
+    assert_int_equal(e->fake.calls, 1);                 /* no new registration */
+    assert_int_equal(cache_hits(e), 1);
+    assert_ptr_equal(mr_for(e, 0, buf + 100, 200), mr_for(e, 0, buf, 16384));
+    assert_int_equal(mw_dereg(e->ctx, part), 0);
+    assert_int_equal(e->fake.deregs, 0);                /* still referenced */
+    assert_int_equal(mw_dereg(e->ctx, whole), 0);
+    assert_int_equal(e->fake.deregs, 1);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf, 1), -EFAULT);
+}
+
+static void reg_overlap_registers_union(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *a, *b, *c, *d, *hit;
+    assert_int_equal(mw_reg(e->ctx, buf, 100, &a), 0);
+    assert_int_equal(mw_reg(e->ctx, buf + 50, 100, &b), 0);
+    assert_int_equal(e->fake.calls, 2);
+    assert_ptr_equal(e->fake.last_start, (uintptr_t)buf);  /* union of a and b */
+    assert_ptr_equal(e->fake.last_end, (uintptr_t)buf + 150);
+    /* Lookups (and new mw_regs) are served by the outermost region. */
+    struct fake_mr *ab = mr_for(e, 0, buf, 150);
+    assert_ptr_equal(mr_for(e, 0, buf + 10, 20), ab);
+    assert_int_equal(mw_reg(e->ctx, buf + 10, 20, &hit), 0);
+    assert_int_equal(cache_hits(e), 1);
+    assert_int_equal(mw_dereg(e->ctx, hit), 0);
+
+    /* A range bridging two disjoint registrations absorbs both. */
+    assert_int_equal(mw_reg(e->ctx, buf + 300, 100, &c), 0);
+    assert_int_equal(mw_reg(e->ctx, buf + 120, 200, &d), 0);
+    assert_int_equal(e->fake.calls, 4);
+    assert_ptr_equal(e->fake.last_start, (uintptr_t)buf);
+    assert_ptr_equal(e->fake.last_end, (uintptr_t)buf + 400);
+    struct fake_mr *all = mr_for(e, 0, buf, 400);
+    assert_ptr_equal(mr_for(e, 0, buf + 10, 20), all);
+    assert_int_equal(e->fake.live, 4);                  /* absorbed ones stay valid */
+
+    /* The outer region goes first: what it absorbed is found again. */
+    assert_int_equal(mw_dereg(e->ctx, d), 0);
+    assert_int_equal(e->fake.deregs, 1);
+    assert_ptr_equal(mr_for(e, 0, buf + 10, 20), ab);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf + 200, 10), -EFAULT);
+    mr_for(e, 0, buf + 300, 100);
+    assert_int_equal(mw_dereg(e->ctx, b), 0);
+    struct fake_mr *ra = mr_for(e, 0, buf + 10, 20);
+    assert_ptr_equal(ra->start, (uintptr_t)buf);
+    assert_ptr_equal(ra->end, (uintptr_t)buf + 100);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf + 120, 10), -EFAULT);
+    assert_int_equal(mw_dereg(e->ctx, a), 0);
+    assert_int_equal(mw_dereg(e->ctx, c), 0);
+    assert_int_equal(e->fake.deregs, 4);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf, 1), -EFAULT);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf + 300, 1), -EFAULT);
+}
+
+static void dereg_once_per_registration(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    add_dev(e, 1);
+    enum { N = 40 };
+    mw_mr_t *mr[N];
+    /* Overlapping, nested and disjoint ranges, taken and dropped in an
+     * order unrelated to how they were merged. */
+    for (int i = 0; i < N; i++) {
+        size_t off = (size_t)(i * 7919) % 60000, len = 1 + (size_t)(i * 104729) % 3000;
+        assert_int_equal(mw_reg(e->ctx, buf + off, len, &mr[i]), 0);
+        mr_for(e, 0, buf + off, len);
+        mr_for(e, 1, buf + off, len);
+    }
+    for (int i = 0; i < N; i++) {
+        int k = (i * 17) % N;
+        assert_int_equal(mw_dereg(e->ctx, mr[k]), 0);
+    }
+    assert_int_equal(e->fake.live, 0);
+    assert_int_equal(e->fake.regs, e->fake.deregs);
+    assert_int_equal(mw_dereg(e->ctx, NULL), -EINVAL);
+}
+
+static void keys_lookup_rules(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *a, *b;
+    assert_int_equal(mw_reg(e->ctx, buf, 100, &a), 0);
+    assert_int_equal(mw_reg(e->ctx, buf + 100, 100, &b), 0);  /* adjacent: own MR */
+    assert_int_equal(e->fake.calls, 2);
+    struct mw__dev *d0 = &e->dev[0];
+    mr_for(e, 0, buf, 100);
+    mr_for(e, 0, buf + 99, 1);
+    mr_for(e, 0, buf + 100, 100);
+    assert_int_equal(keys_rc(e, d0, buf + 90, 20), -EFAULT);   /* straddles two */
+    assert_int_equal(keys_rc(e, d0, buf + 150, 51), -EFAULT);  /* runs past */
+    assert_int_equal(keys_rc(e, d0, buf + 4096, 8), -EFAULT);  /* never registered */
+    assert_int_equal(keys_rc(e, &e->dev[1], buf, 8), -ENODEV); /* never added */
+    struct mw__dev impostor = {.index = 0};
+    assert_int_equal(keys_rc(e, &impostor, buf, 8), -ENODEV);
+    struct mw__dev far = {.index = 1000};
+    assert_int_equal(keys_rc(e, &far, buf, 8), -ENODEV);
+    assert_int_equal(keys_rc(e, d0, buf, 0), -EINVAL);
+    assert_int_equal(keys_rc(e, d0, (void *)(UINTPTR_MAX - 10), 100), -EINVAL);
+    assert_int_equal(mw_dereg(e->ctx, a), 0);
+    assert_int_equal(mw_dereg(e->ctx, b), 0);
+}
+
+static void reg_rejects_bad_args(void **state)
+{
+    struct env *e = *state;
+    mw_mr_t *mr = NULL;
+    assert_int_equal(mw_reg(NULL, buf, 1, &mr), -EINVAL);
+    assert_int_equal(mw_reg(e->ctx, NULL, 1, &mr), -EINVAL);
+    assert_int_equal(mw_reg(e->ctx, buf, 1, NULL), -EINVAL);
+    assert_int_equal(mw_reg(e->ctx, buf, 0, &mr), -EINVAL);
+    assert_int_equal(mw_reg(e->ctx, (void *)(UINTPTR_MAX - 10), 100, &mr), -EINVAL);
+    assert_null(mr);
+    assert_int_equal(mw_dereg(e->ctx, NULL), -EINVAL);
+    assert_int_equal(mw_dereg(NULL, NULL), -EINVAL);
+    assert_int_equal(mw__mem_add_dev(e->ctx, NULL), -EINVAL);
+    assert_int_equal(e->fake.calls, 0);
+}
+
+static void late_device_registers_live_regions(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *a, *b, *c;
+    assert_int_equal(mw_reg(e->ctx, buf, 100, &a), 0);
+    assert_int_equal(mw_reg(e->ctx, buf + 50, 100, &b), 0);   /* absorbs a */
+    assert_int_equal(mw_reg(e->ctx, buf + 1000, 100, &c), 0);
+    assert_int_equal(e->fake.calls, 3);
+    add_dev(e, 1);
+    assert_int_equal(e->fake.calls, 6);                 /* every live region */
+    add_dev(e, 3);                                      /* index 2 never opened */
+    assert_int_equal(e->fake.calls, 9);
+    for (int d = 1; d <= 3; d += 2) {
+        struct fake_mr *m0 = mr_for(e, 0, buf + 1000, 100);
+        struct fake_mr *md = mr_for(e, d, buf + 1000, 100);
+        assert_int_not_equal(m0->lkey, md->lkey);
+        assert_int_not_equal(m0->rkey, md->rkey);
+        assert_ptr_equal(m0->start, md->start);
+        assert_ptr_equal(mr_for(e, d, buf, 150)->end, (uintptr_t)buf + 150);
+    }
+    assert_int_equal(mw__mem_add_dev(e->ctx, &e->dev[1]), 0);   /* again: no-op */
+    assert_int_equal(e->fake.calls, 9);
+    struct mw__dev other = {.index = 1};
+    assert_int_equal(mw__mem_add_dev(e->ctx, &other), -EEXIST);
+    /* The absorbed region got keys for the new devices too: once the outer
+     * one goes, it is what lookups find. */
+    assert_int_equal(mw_dereg(e->ctx, b), 0);
+    assert_ptr_equal(mr_for(e, 3, buf + 10, 10)->end, (uintptr_t)buf + 100);
+    assert_int_equal(mw_dereg(e->ctx, a), 0);
+    assert_int_equal(mw_dereg(e->ctx, c), 0);
+    assert_int_equal(e->fake.live, 0);
+}
+
+static void failing_backend_leaves_no_state(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    add_dev(e, 1);
+    mw_mr_t *a, *mr = NULL;
+    /* Fails on the second device: the first one's MR is released. */
+    fake_fail(&e->fake, 2, false, EACCES);
+    assert_int_equal(mw_reg(e->ctx, buf, 100, &mr), -EACCES);
+    assert_null(mr);
+    assert_int_equal(e->fake.live, 0);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf, 1), -EFAULT);
+
+    /* A failed merge leaves the region it would have absorbed in place. */
+    assert_int_equal(mw_reg(e->ctx, buf, 100, &a), 0);
+    struct fake_mr *ra = mr_for(e, 1, buf, 100);
+    fake_fail(&e->fake, 1, false, ENOMEM);
+    assert_int_equal(mw_reg(e->ctx, buf + 50, 100, &mr), -ENOMEM);
+    assert_int_equal(e->fake.live, 2);
+    assert_ptr_equal(mr_for(e, 1, buf, 100), ra);
+    assert_int_equal(keys_rc(e, &e->dev[1], buf + 50, 100), -EFAULT);
+
+    /* A device whose registrations fail half way stays unknown, with
+     * nothing registered; adding it again later works. */
+    mw_mr_t *c;
+    assert_int_equal(mw_reg(e->ctx, buf + 1000, 100, &c), 0);
+    unsigned live = e->fake.live;
+    fake_fail(&e->fake, 2, false, EFAULT);
+    assert_int_equal(mw__mem_add_dev(e->ctx, &e->dev[2]), -EFAULT);
+    assert_int_equal(e->fake.live, live);
+    assert_int_equal(keys_rc(e, &e->dev[2], buf, 1), -ENODEV);
+    add_dev(e, 2);
+    mr_for(e, 2, buf, 100);
+    mr_for(e, 2, buf + 1000, 100);
+    assert_int_equal(mw_dereg(e->ctx, a), 0);
+    assert_int_equal(mw_dereg(e->ctx, c), 0);
+    assert_int_equal(e->fake.live, 0);
+}
+
+/* ------------------------------------------------------------------------
+ * mw_alloc arena
+ * ------------------------------------------------------------------------ */
+
+static void alloc_registers_with_every_device(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    char *small = mw_alloc(e->ctx, 100);
+    assert_non_null(small);
+    memset(small, 0xa5, 100);
+    char *big = mw_alloc(e->ctx, 10000);
+    assert_non_null(big);
+    assert_int_equal((uintptr_t)big % 4096, 0);
+    memset(big, 0x5a, 10000);
+    mr_for(e, 0, small, 100);
+    mr_for(e, 0, big, 10000);
+    unsigned before = e->fake.calls;
+    add_dev(e, 1);                                      /* after the allocations */
+    assert_true(e->fake.calls > before);
+    assert_int_not_equal(mr_for(e, 1, small, 100)->lkey, mr_for(e, 0, small, 100)->lkey);
+    assert_int_not_equal(mr_for(e, 1, big, 10000)->rkey, mr_for(e, 0, big, 10000)->rkey);
+    char *later = mw_alloc(e->ctx, 1 << 20);
+    assert_non_null(later);
+    memset(later, 1, 1 << 20);
+    mr_for(e, 0, later, 1 << 20);
+    mr_for(e, 1, later, 1 << 20);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal((unsigned char)small[i], 0xa5);
+    mw_free(e->ctx, small);
+    mw_free(e->ctx, big);
+    mw_free(e->ctx, later);
+    mw_free(e->ctx, NULL);
+    errno = 0;
+    assert_null(mw_alloc(e->ctx, 0));
+    assert_int_equal(errno, EINVAL);
+    assert_true(e->logs > 0);
+}
+
+static uint32_t lcg(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+static void fill_check(unsigned char *p, size_t n, unsigned char v, bool check)
+{
+    /* First, last and a few bytes between: enough to catch overlap. */
+    size_t at[] = {0, n / 3, n / 2, n - 1};
+    for (size_t i = 0; i < 4; i++) {
+        if (check)
+            assert_int_equal(p[at[i]], v);
+        else
+            p[at[i]] = v;
+    }
+}
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* Mixed sizes, freed in a scrambled order, with a device added and a forced
+ * purge (which reaches the dalloc, split and merge hooks) on the way: live
+ * blocks keep their contents and keys throughout. */
+static void alloc_many_small_and_large(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    enum { N = 3000 };
+    static unsigned char *p[N];
+    static size_t sz[N];
+    uint32_t seed = 42;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            if (p[i])
+                continue;
+            uint32_t r = lcg(&seed);
+            sz[i] = r % 50 == 0   ? (size_t)(1 + r % 24) << 20   /* 1..24 MiB */
+                    : r % 5 == 0 ? 4096 + r % 200000
+                                 : 1 + r % 3000;
+            p[i] = mw_alloc(e->ctx, sz[i]);
+            assert_non_null(p[i]);
+            if (sz[i] >= 4096)
+                assert_int_equal((uintptr_t)p[i] % 4096, 0);
+            fill_check(p[i], sz[i], (unsigned char)i, false);
+        }
+        if (round == 1)
+            add_dev(e, 2);                              /* in the middle of it all */
+        if (round == 2)                                 /* every arena: ours too */
+            assert_int_equal(mallctl("arena." STR(MALLCTL_ARENAS_ALL) ".purge",
+                                     NULL, NULL, NULL, 0), 0);
+        for (int i = 0; i < N; i++) {
+            fill_check(p[i], sz[i], (unsigned char)i, true);
+            mr_for(e, 0, p[i], sz[i]);
+            if (round >= 1)
+                mr_for(e, 2, p[i], sz[i]);
+        }
+        for (int i = 0; i < N; i++)                     /* free about half */
+            if (lcg(&seed) % 2) {
+                mw_free(e->ctx, p[i]);
+                p[i] = NULL;
+            }
+    }
+    for (int i = 0; i < N; i++) {
+        if (p[i])
+            fill_check(p[i], sz[i], (unsigned char)i, true);
+        mw_free(e->ctx, p[i]);
+        p[i] = NULL;
+    }
+}
+
+static void alloc_failure_is_clean(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    /* Failing while the arena is being created (jemalloc's own metadata
+     * comes from the hooks too). */
+    fake_fail(&e->fake, 1, true, EPERM);
+    errno = 0;
+    assert_null(mw_alloc(e->ctx, 64));
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(e->fake.live, 0);
+    fake_fail(&e->fake, 0, false, 0);
+    void *p = mw_alloc(e->ctx, 64);
+    assert_non_null(p);
+    /* Failing for a block that needs a new mapping. */
+    unsigned live = e->fake.live;
+    fake_fail(&e->fake, 1, true, EPERM);
+    errno = 0;
+    assert_null(mw_alloc(e->ctx, 64 << 20));
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(e->fake.live, live);
+    fake_fail(&e->fake, 0, false, 0);
+    void *q = mw_alloc(e->ctx, 64 << 20);
+    assert_non_null(q);
+    mr_for(e, 0, q, 64 << 20);
+    mw_free(e->ctx, q);
+    mw_free(e->ctx, p);
+}
+
+static void teardown_deregisters_everything(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    add_dev(e, 1);
+    void *keep[8];
+    for (int i = 0; i < 8; i++) {
+        void *tmp = mw_alloc(e->ctx, (size_t)(i + 1) << 18);
+        keep[i] = mw_alloc(e->ctx, 1000 * (size_t)(i + 1));
+        assert_non_null(tmp);
+        assert_non_null(keep[i]);
+        mw_free(e->ctx, tmp);
+    }
+    mw_mr_t *mr;
+    assert_int_equal(mw_reg(e->ctx, buf, 4096, &mr), 0);
+    assert_true(e->fake.live > 2);
+    /* Not freed, not deregistered: the teardown (in teardown()) still
+     * releases every MR exactly once. */
+    (void)keep;
+    (void)mr;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rindex_binary_search),
+        cmocka_unit_test_setup_teardown(reg_subrange_hits_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(reg_overlap_registers_union, setup, teardown),
+        cmocka_unit_test_setup_teardown(dereg_once_per_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(keys_lookup_rules, setup, teardown),
+        cmocka_unit_test_setup_teardown(reg_rejects_bad_args, setup, teardown),
+        cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup, teardown),
+        cmocka_unit_test_setup_teardown(failing_backend_leaves_no_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(alloc_registers_with_every_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(alloc_many_small_and_large, setup, teardown),
+        cmocka_unit_test_setup_teardown(alloc_failure_is_clean, setup, teardown),
+        cmocka_unit_test_setup_teardown(teardown_deregisters_everything, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
