@@ -198,6 +198,146 @@ MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
 /** mw_dereg() - drop a registration from mw_reg(). */
 MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
 
+/* ------------------------------------------------------------------------
+ * Connections: reliable-connected queue pairs set up through rdma_cm
+ * ------------------------------------------------------------------------
+ * A connection is a handle the caller owns once it has it (from the future
+ * of mw_connect(), or the accept callback) until mw_conn_close() or
+ * mw_conn_abort().  Every operation on it returns a future.  For each peer
+ * address the local address whose subnet contains it (longest prefix) is
+ * chosen as the source, so in a direct-connect mesh each peer is reached
+ * through the NIC on the link to it; with no match the routing table
+ * decides.  Connections belong to the context's loop thread.
+ */
+
+typedef struct mw_conn mw_conn_t;
+typedef struct mw_listener mw_listener_t;
+
+#define MW_DEFAULT_PORT 7470
+
+/** Connection options; start from mw_conn_opts_init(). */
+typedef struct mw_conn_opts {
+    unsigned timeout_ms;      /**< each setup step and the close; default 5000 */
+    unsigned credits;         /**< receive slots: messages (and writes with
+                                   immediate) the peer may have in flight to us;
+                                   default 16, 2..4096 */
+    unsigned slot_size;       /**< bytes per receive slot (larger messages are
+                                   split); default 64 KiB, 256..16 MiB */
+    unsigned max_rdma_inflight; /**< RDMA writes/reads (chunks) in flight per
+                                   connection; default 16 */
+    unsigned chunk_size;      /**< one-sided transfers are split into chunks of
+                                   at most this (and the port's max message
+                                   size); default 1 MiB */
+    unsigned default_port;    /**< port when an address names none; default 7470 */
+} mw_conn_opts_t;
+
+/** mw_conn_opts_init() - fill @opts with the defaults. */
+MW_EXTERN void mw_conn_opts_init(mw_conn_opts_t *opts);
+
+/** Called on the loop for each accepted connection; the caller owns @c. */
+typedef void (*mw_accept_fn)(mw_listener_t *l, mw_conn_t *c, void *arg);
+
+/**
+ * mw_listen() - accept connections on "[ADDR][:PORT]" (ADDR may be IPv4,
+ * [IPv6], a name, or empty/"*" for any; port 0 picks a free one).
+ * @opts: for accepted connections; NULL for the defaults.
+ * Peers whose handshake is missing, malformed, foreign or of another
+ * version are rejected with a reason and counted; the listener goes on.
+ * Return: 0 or a negative errno; *lp owned by the caller (mw_listener_free).
+ */
+MW_EXTERN int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts,
+                        mw_accept_fn cb, void *arg, mw_listener_t **lp);
+
+/** mw_listener_port() - the port listened on (useful after port 0). */
+MW_EXTERN int mw_listener_port(const mw_listener_t *l);
+
+/** Counters of a listener. */
+typedef struct mw_listener_stats {
+    uint64_t accepted;        /**< connections established and handed over */
+    uint64_t rejected;        /**< handshakes refused (any reason) */
+    uint64_t failed;          /**< accepted handshakes whose setup then failed */
+} mw_listener_stats_t;
+MW_EXTERN void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out);
+
+/** mw_listener_free() - stop listening; connections already handed over stay. */
+MW_EXTERN void mw_listener_free(mw_listener_t *l);
+
+/**
+ * mw_connect() - connect to a peer offering one or more addresses
+ * ("HOST[:PORT][,HOST[:PORT]...]"), tried in order of subnet match.
+ * Return: a future whose value is the mw_conn_t * (the caller owns it once
+ * the future is done); it fails with the reasons of every address tried.
+ * NULL only when out of memory.
+ */
+MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts);
+
+/** A received message: @data holds @len bytes. Free with mw_msg_free(). */
+typedef struct mw_msg {
+    void *data;
+    size_t len;
+} mw_msg_t;
+MW_EXTERN void mw_msg_free(mw_msg_t *m);
+
+/** mw_send() - send @len bytes (0 allowed) as one message.  @buf stays the
+ *  caller's and must not change until the future completes (it is copied
+ *  into registered slots as credits allow).  Messages arrive in order. */
+MW_EXTERN mw_future_t *mw_send(mw_conn_t *c, const void *buf, size_t len);
+
+/** mw_recv() - the next message: a future whose value is an mw_msg_t * the
+ *  caller frees.  Messages not yet asked for are kept, up to the credits;
+ *  beyond that the sender waits (flow control). */
+MW_EXTERN mw_future_t *mw_recv(mw_conn_t *c);
+
+/** A piece of memory the peer may access: pass it to the peer (in a
+ *  message); it is meaningful only on the connection it was exported for. */
+typedef struct mw_remote {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t rkey;
+} mw_remote_t;
+
+/** mw_mem_export() - describe [addr, addr+len), which must be memory from
+ *  mw_alloc() or mw_reg(), for one-sided access by @c's peer. */
+MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);
+
+/** mw_write() / mw_read() - one-sided RDMA of @len bytes between local
+ *  registered memory and @r at @offset.  Bounds are checked against @r
+ *  before anything is posted (-ERANGE); large transfers are split and
+ *  pipelined. */
+MW_EXTERN mw_future_t *mw_write(mw_conn_t *c, const void *local, size_t len,
+                                const mw_remote_t *r, uint64_t offset);
+MW_EXTERN mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len,
+                               const mw_remote_t *r, uint64_t offset);
+
+/** mw_write_imm() - mw_write(), then @imm delivered to the peer's
+ *  mw_conn_on_imm() callback once all the data is in place. */
+MW_EXTERN mw_future_t *mw_write_imm(mw_conn_t *c, const void *local, size_t len,
+                                    const mw_remote_t *r, uint64_t offset, uint32_t imm);
+
+/** Called on the loop for each write-with-immediate that lands. */
+typedef void (*mw_imm_fn)(mw_conn_t *c, uint32_t imm, void *arg);
+MW_EXTERN void mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg);
+
+/** mw_conn_close() - graceful: no new operations; those pending finish,
+ *  then the connection is torn down and freed.  The future is done when it
+ *  is gone (or fails with what went wrong); @c must not be used after. */
+MW_EXTERN mw_future_t *mw_conn_close(mw_conn_t *c);
+
+/** mw_conn_abort() - abortive: pending operations fail with -ECONNABORTED,
+ *  the connection is torn down and freed; @c must not be used after. */
+MW_EXTERN void mw_conn_abort(mw_conn_t *c);
+
+/** What a connection is and has done. */
+typedef struct mw_conn_stats {
+    char local[80];           /**< local address:port */
+    char remote[80];          /**< peer address:port */
+    char device[64];          /**< the local RDMA device carrying it */
+    uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received;
+    uint64_t writes, reads, imms_received, rdma_bytes;
+    uint64_t credit_waits;    /**< times a send waited for the peer's credits */
+} mw_conn_stats_t;
+MW_EXTERN void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
+
 /**
  * mw_version() - the library version, "MAJOR.MINOR.PATCH".
  * Thread-safe; the string is static.

@@ -1,0 +1,139 @@
+/* The per-context rdma_cm event channel: one fd in the reactor, each event
+ * dispatched to the listener or connection its id belongs to. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+
+#include <event2/event.h>
+
+#include "cm/cm.h"
+#include "cm/nic.h"
+
+static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
+{
+    enum mw__cm_kind *kind = ev->id->context;
+    MW_LOG(ctx, MW_LOG_DEBUG, "rdma_cm: %s (status %d)", rdma_event_str(ev->event), ev->status);
+    if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        /* the new id carries the listener's context until we adopt it */
+        mw__listener_event((mw_listener_t *)ev->listen_id->context, ev);
+        return;
+    }
+    if (ev->event == RDMA_CM_EVENT_ADDR_CHANGE || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+        mw__cm_nics_changed(ctx->layers[MW__LAYER_CM].state);
+    if (!kind)
+        return;
+    if (*kind == MW__CM_LISTENER)
+        mw__listener_event((mw_listener_t *)kind, ev);
+    else if (((mw_conn_t *)kind)->listener || ((mw_conn_t *)kind)->state == MW__CONN_ACCEPTING)
+        mw__accepted_event((mw_conn_t *)kind, ev);
+    else
+        mw__connect_event((mw_conn_t *)kind, ev);
+}
+
+static void on_cm_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mw_ctx_t *ctx = arg;
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    struct rdma_cm_event *ev;
+    /* Handlers get the event before it is acked; none of them destroys an
+     * id (that would wait for this very ack): teardown is deferred. */
+    while (cm && rdma_get_cm_event(cm->ch, &ev) == 0) {
+        dispatch(ctx, ev);
+        rdma_ack_cm_event(ev);
+    }
+}
+
+static void cm_teardown(mw_ctx_t *ctx, void *state)
+{
+    struct mw__cm *cm = state;
+    while (!mw__list_empty(&cm->conns)) {
+        mw_conn_t *c = mw__container_of(cm->conns.next, mw_conn_t, link);
+        mw__conn_fail(c, -ECANCELED, "context closed");
+        mw__conn_free(c);
+    }
+    while (!mw__list_empty(&cm->listeners))
+        mw_listener_free(mw__container_of(cm->listeners.next, mw_listener_t, link));
+    while (ctx->defer_head)           /* ids waiting to be destroyed, first */
+        mw__run_deferred(ctx);
+    event_free(cm->ev);
+    rdma_destroy_event_channel(cm->ch);
+    free(cm->nics);
+    free(cm);
+    ctx->layers[MW__LAYER_CM] = (struct mw__layer){0};
+}
+
+struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
+{
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    if (cm)
+        return cm;
+    *err = -ENOMEM;
+    if (!(cm = calloc(1, sizeof *cm)))
+        return NULL;
+    mw__list_init(&cm->conns);
+    mw__list_init(&cm->listeners);
+    cm->ch = rdma_create_event_channel();
+    if (!cm->ch) {
+        *err = errno ? -errno : -ENODEV;
+        MW_LOG(ctx, MW_LOG_ERROR, "cannot open rdma_cm (%s): is rdma_ucm loaded?", mw_strerror(*err));
+        free(cm);
+        return NULL;
+    }
+    int fl = fcntl(cm->ch->fd, F_GETFL);
+    fcntl(cm->ch->fd, F_SETFL, fl | O_NONBLOCK);
+    cm->ev = event_new(ctx->base, cm->ch->fd, EV_READ | EV_PERSIST, on_cm_readable, ctx);
+    if (!cm->ev || event_add(cm->ev, NULL) < 0) {
+        if (cm->ev)
+            event_free(cm->ev);
+        rdma_destroy_event_channel(cm->ch);
+        free(cm);
+        return NULL;
+    }
+    ctx->layers[MW__LAYER_CM] = (struct mw__layer){cm, cm_teardown};
+    return cm;
+}
+
+struct doomed_id {
+    struct mw__task task;
+    struct rdma_cm_id *id;
+};
+
+static void destroy_id_task(struct mw__task *t)
+{
+    struct doomed_id *d = (struct doomed_id *)t;
+    rdma_destroy_id(d->id);
+    free(d);
+}
+
+/* rdma_destroy_id() waits until every event of the id is acked, so inside
+ * an event handler it would wait for itself: destroy from the loop later. */
+void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id)
+{
+    struct doomed_id *d = calloc(1, sizeof *d);
+    if (!d) {
+        MW_LOG(ctx, MW_LOG_ERROR, "no memory: leaking an rdma_cm id");
+        return;
+    }
+    d->task.fn = destroy_id_task;
+    d->id = id;
+    mw__defer(ctx, &d->task);
+}
+
+void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n)
+{
+    if (!cm->nics_valid) {
+        free(cm->nics);
+        cm->nics = NULL;
+        cm->nnics = 0;
+        cm->nics_valid = mw__nic_list(&cm->nics, &cm->nnics) == 0;
+    }
+    *nics = cm->nics;
+    *n = cm->nnics;
+}
+
+void mw__cm_nics_changed(struct mw__cm *cm)
+{
+    cm->nics_valid = false;
+}

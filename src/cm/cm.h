@@ -1,0 +1,195 @@
+/* The connections layer, internal side: the per-context rdma_cm event
+ * channel, listeners, and connections with their state machine.  Only
+ * src/cm includes rdma_cma.h. */
+#ifndef MW_CM_CM_H
+#define MW_CM_CM_H
+
+#include <stdbool.h>
+#include <sys/socket.h>
+
+#include <rdma/rdma_cma.h>
+
+#include "core/ctx.h"
+#include "core/list.h"
+#include "cm/wire.h"
+
+#define MW__LAYER_CM 0
+
+/* A reject's private data: this tag, then a reason as text. */
+#define MW__REJECT_TAG "MWRJ"
+
+struct mw__dev;
+struct mw__op;
+
+/* What an rdma_cm id's context points at: dispatch by kind. */
+enum mw__cm_kind { MW__CM_LISTENER = 1, MW__CM_CONN };
+
+struct mw__nic;
+
+struct mw__cm {
+    struct rdma_event_channel *ch;
+    struct event *ev;
+    struct mw__nic *nics;         /* local RDMA addresses, cached */
+    size_t nnics;
+    bool nics_valid;              /* dropped on ADDR_CHANGE / DEVICE_REMOVAL */
+    struct mw__list conns;        /* every connection not yet freed */
+    struct mw__list listeners;
+};
+
+enum mw__conn_state {
+    MW__CONN_RESOLVING_ADDR,
+    MW__CONN_RESOLVING_ROUTE,
+    MW__CONN_CONNECTING,
+    MW__CONN_ACCEPTING,
+    MW__CONN_ESTABLISHED,
+    MW__CONN_CLOSING,             /* graceful: draining pending work */
+    MW__CONN_DISCONNECTING,       /* rdma_disconnect done, flushing */
+    MW__CONN_BROKEN,              /* failed / peer gone: waiting for the owner */
+    MW__CONN_FREED,
+};
+const char *mw__conn_state_str(enum mw__conn_state s);
+
+struct mw_listener {
+    enum mw__cm_kind kind;        /* first: rdma_cm id context */
+    mw_ctx_t *ctx;
+    struct rdma_cm_id *id;
+    mw_conn_opts_t opts;
+    mw_accept_fn cb;
+    void *arg;
+    mw_listener_stats_t stats;
+    struct mw__list link;
+};
+
+/* A send in progress: fragments go out as credits allow. */
+struct mw__send {
+    struct mw__list link;
+    mw_future_t *f;
+    const uint8_t *buf;
+    size_t len, sent;             /* bytes handed to fragments so far */
+    uint64_t msg_id;
+    unsigned frags_out;           /* posted, not completed */
+    bool all_posted;
+};
+
+/* A one-sided transfer in progress, split into chunks. */
+struct mw__rdma {
+    struct mw__list link;
+    mw_future_t *f;
+    struct mw__op *op;
+    enum ibv_wr_opcode opcode;    /* RDMA_WRITE or RDMA_READ */
+    bool with_imm;
+    uint32_t imm;
+    uint8_t *local;
+    uint32_t lkey, rkey;
+    uint64_t remote, len, posted, done;
+    unsigned chunks_out;
+    int err;
+};
+
+struct mw__recv_slot {
+    struct mw__op *op;
+    uint8_t *buf;
+    bool posted;
+};
+
+struct mw__msgq {                 /* a received message waiting for mw_recv */
+    struct mw__list link;
+    mw_msg_t msg;
+};
+
+struct mw_conn {
+    enum mw__cm_kind kind;        /* first: rdma_cm id context */
+    mw_ctx_t *ctx;
+    struct mw__list link;         /* in cm->conns */
+    struct rdma_cm_id *id;
+    struct mw__dev *dev;
+    enum mw__conn_state state;
+    mw_conn_opts_t opts;
+    struct event *timer;          /* the current step's deadline */
+    void (*timer_fn)(struct mw_conn *c);
+    int err;                      /* why it broke (0 while healthy) */
+    char why[160];
+
+    /* active side: the addresses to try, and the connect future */
+    mw_future_t *connect_f;
+    struct sockaddr_storage *peers;
+    size_t npeers, next_peer;
+    char tried[256];              /* reasons per address, for the failure */
+
+    /* passive side */
+    mw_listener_t *listener;
+
+    /* the peer's handshake: its receive slots are our send credits */
+    struct mw__hello peer;
+    unsigned send_credits;        /* peer slots free for us */
+    unsigned credits_owed;        /* our slots reposted, not yet told */
+    unsigned max_frag;            /* payload bytes per fragment */
+    uint64_t max_msg;             /* the port's max message size */
+
+    /* registered buffers */
+    uint8_t *recv_mem, *send_mem;
+    struct mw__recv_slot *slots;  /* opts.credits receive slots */
+    unsigned *free_send;          /* stack of free send slot indexes */
+    unsigned nfree_send, nsend;
+    unsigned slots_parked;        /* receive slots held back: flow control */
+
+    /* operations */
+    uint64_t next_msg_id;
+    struct mw__list sends;        /* struct mw__send, in order */
+    struct mw__list rdmas;        /* struct mw__rdma, in order */
+    struct mw__list recv_waiters; /* futures from mw_recv, in order */
+    struct mw__list inbox;        /* struct mw__msgq not yet asked for */
+    unsigned inbox_len;
+    struct { uint8_t *buf; uint64_t id, total, got; bool active; } rx;
+    unsigned rdma_out;            /* chunks in flight */
+    unsigned wr_out;              /* work requests posted, not completed */
+    struct event *pump_ev;        /* zero timer: post more next turn */
+    mw_future_t *close_f;
+    bool owner_gone;              /* closed/aborted: free once flushed */
+    bool disconnected;            /* rdma_disconnect done (or the peer's) */
+    int cqe_reserved;             /* CQ entries reserved on dev */
+    struct mw__task finish_task;  /* frees the conn from the loop */
+    mw_imm_fn imm_fn;
+    void *imm_arg;
+
+    mw_conn_stats_t stats;
+};
+
+/* cm.c */
+struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
+/* mw__cm_nics() - the local RDMA-backed addresses (listing them opens every
+ * device, so the list is kept until an address or device changes). */
+void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n);
+void mw__cm_nics_changed(struct mw__cm *cm);
+
+/* conn.c */
+int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp);
+int mw__conn_setup_qp(mw_conn_t *c);         /* device, QP, buffers, receives */
+void mw__conn_fill_hello(const mw_conn_t *c, struct mw__hello *h);
+int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why);
+void mw__conn_established(mw_conn_t *c);
+void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what);
+void mw__conn_free(mw_conn_t *c);
+void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c));
+void mw__conn_disarm_timer(mw_conn_t *c);
+void mw__conn_maybe_finish(mw_conn_t *c);
+void mw__conn_drop_attempt(mw_conn_t *c);    /* active: forget a failed try */
+void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev);
+void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
+
+/* connect.c / listen.c: rdma_cm events for each kind */
+void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev);
+void mw__listener_event(mw_listener_t *l, struct rdma_cm_event *ev);
+void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev);
+
+/* msg.c / rdma.c: the data path */
+void mw__conn_pump(mw_conn_t *c);            /* post what credits allow */
+int mw__rdma_pump(mw_conn_t *c, int budget); /* returns work requests posted */
+void mw__msg_fail_all(mw_conn_t *c, int err, const char *why);
+void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why);
+int mw__msg_post_recvs(mw_conn_t *c);
+void mw__msg_free_buffers(mw_conn_t *c);
+
+#endif

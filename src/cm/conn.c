@@ -1,0 +1,392 @@
+/* A connection's life: queue pair and buffers, the handshake's numbers,
+ * failure, graceful and abortive close, and the final teardown once every
+ * posted work request has come back (flushes included). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "cm/cm.h"
+#include "cm/nic.h"
+#include "core/cq.h"
+#include "core/dev.h"
+#include "core/future.h"
+#include "core/op.h"
+
+static const char *const state_names[] = {
+    [MW__CONN_RESOLVING_ADDR] = "resolving address",
+    [MW__CONN_RESOLVING_ROUTE] = "resolving route",
+    [MW__CONN_CONNECTING] = "connecting",
+    [MW__CONN_ACCEPTING] = "accepting",
+    [MW__CONN_ESTABLISHED] = "established",
+    [MW__CONN_CLOSING] = "closing",
+    [MW__CONN_DISCONNECTING] = "disconnecting",
+    [MW__CONN_BROKEN] = "broken",
+    [MW__CONN_FREED] = "freed",
+};
+
+const char *mw__conn_state_str(enum mw__conn_state s)
+{
+    return (unsigned)s < sizeof state_names / sizeof *state_names ? state_names[s] : "?";
+}
+
+void mw_conn_opts_init(mw_conn_opts_t *o)
+{
+    *o = (mw_conn_opts_t){
+        .timeout_ms = 5000,
+        .credits = 16,
+        .slot_size = 64 << 10,
+        .max_rdma_inflight = 16,
+        .chunk_size = 1 << 20,
+        .default_port = MW_DEFAULT_PORT,
+    };
+}
+
+static int check_opts(const mw_conn_opts_t *o)
+{
+    if (o->credits < 2 || o->credits > 4096 || o->slot_size < 256 ||
+        o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
+        o->timeout_ms < 1 || o->default_port > 65535)
+        return -EINVAL;
+    return 0;
+}
+
+static void finish_task(struct mw__task *t)
+{
+    mw__conn_free(mw__container_of(t, mw_conn_t, finish_task));
+}
+
+int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp)
+{
+    mw_conn_opts_t o;
+    if (opts)
+        o = *opts;
+    else
+        mw_conn_opts_init(&o);
+    int rc = check_opts(&o);
+    if (rc < 0)
+        return rc;
+    struct mw__cm *cm = mw__cm_get(ctx, &rc);
+    if (!cm)
+        return rc;
+    mw_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->kind = MW__CM_CONN;
+    c->ctx = ctx;
+    c->opts = o;
+    c->finish_task.fn = finish_task;
+    mw__list_init(&c->sends);
+    mw__list_init(&c->rdmas);
+    mw__list_init(&c->recv_waiters);
+    mw__list_init(&c->inbox);
+    mw__list_add_tail(&cm->conns, &c->link);
+    *cp = c;
+    return 0;
+}
+
+/* --- queue pair and buffers ---------------------------------------------- */
+
+static int create_qp(mw_conn_t *c)
+{
+    unsigned send_wr = c->opts.credits + c->opts.max_rdma_inflight + 1;
+    unsigned recv_wr = c->opts.credits;
+    int rc = mw__dev_reserve_cqe(c->dev, (int)(send_wr + recv_wr));
+    if (rc < 0)
+        return rc;
+    c->cqe_reserved = (int)(send_wr + recv_wr);
+    struct ibv_cq *cq = c->dev->cq->cq;
+    struct ibv_qp_init_attr a = {
+        .send_cq = cq,
+        .recv_cq = cq,
+        .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = send_wr, .max_recv_wr = recv_wr,
+                .max_send_sge = 1, .max_recv_sge = 1},
+    };
+    if ((int)send_wr > c->dev->attr.max_qp_wr || (int)recv_wr > c->dev->attr.max_qp_wr)
+        return -EINVAL;
+    return rdma_create_qp(c->id, c->dev->pd, &a) < 0 ? -errno : 0;
+}
+
+int mw__conn_setup_qp(mw_conn_t *c)
+{
+    int rc = mw__dev_get(c->ctx, c->id->verbs, &c->dev);
+    if (rc < 0)
+        return rc;
+    snprintf(c->stats.device, sizeof c->stats.device, "%s", c->dev->name);
+    mw__addr_str(rdma_get_local_addr(c->id), c->stats.local, sizeof c->stats.local);
+    mw__addr_str(rdma_get_peer_addr(c->id), c->stats.remote, sizeof c->stats.remote);
+    struct ibv_port_attr pa;
+    if ((rc = -ibv_query_port(c->id->verbs, c->id->port_num, &pa)) < 0)
+        return rc;
+    c->max_msg = pa.max_msg_sz;
+    if ((rc = create_qp(c)) < 0)
+        return rc;
+    return mw__msg_post_recvs(c);
+}
+
+void mw__conn_fill_hello(const mw_conn_t *c, struct mw__hello *h)
+{
+    *h = (struct mw__hello){
+        .magic = MW__HELLO_MAGIC,
+        .version = MW__HELLO_VERSION,
+        .purpose = MW__PURPOSE_P2P,
+        .credits = c->opts.credits,
+        .slot_size = c->opts.slot_size,
+    };
+}
+
+int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why)
+{
+    int rc = mw__hello_decode(pd, len, &c->peer, why);
+    if (rc < 0)
+        return rc;
+    /* Our send slots: as many as the peer has receive slots, sized to the
+     * smaller of the two slot sizes. */
+    c->nsend = c->peer.credits < c->opts.credits ? c->peer.credits : c->opts.credits;
+    c->send_credits = c->nsend;
+    unsigned slot = c->peer.slot_size < c->opts.slot_size ? c->peer.slot_size : c->opts.slot_size;
+    c->max_frag = slot - MW__FRAG_HDR_LEN;
+    return 0;
+}
+
+/* --- timers -------------------------------------------------------------- */
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mw_conn_t *c = arg;
+    c->timer_fn(c);
+}
+
+void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c))
+{
+    if (!c->timer && !(c->timer = evtimer_new(c->ctx->base, on_timer, c)))
+        return;                       /* out of memory: the step has no deadline */
+    c->timer_fn = fn;
+    struct timeval tv = {c->opts.timeout_ms / 1000, (c->opts.timeout_ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+void mw__conn_disarm_timer(mw_conn_t *c)
+{
+    if (c->timer)
+        evtimer_del(c->timer);
+}
+
+/* --- established, broken, closed ----------------------------------------- */
+
+static int alloc_send_slots(mw_conn_t *c)
+{
+    size_t slot = c->max_frag + MW__FRAG_HDR_LEN;
+    c->send_mem = mw_alloc(c->ctx, c->nsend * slot);
+    c->free_send = calloc(c->nsend, sizeof *c->free_send);
+    if (!c->send_mem || !c->free_send)
+        return -ENOMEM;
+    for (unsigned i = 0; i < c->nsend; i++)
+        c->free_send[c->nfree_send++] = c->nsend - 1 - i;
+    return 0;
+}
+
+void mw__conn_established(mw_conn_t *c)
+{
+    mw__conn_disarm_timer(c);
+    int rc = alloc_send_slots(c);
+    if (rc < 0) {
+        mw__conn_fail(c, rc, "no memory for send slots");
+        return;
+    }
+    c->state = MW__CONN_ESTABLISHED;
+    MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s (credits %u, fragment %u bytes)",
+           c->stats.local, c->stats.remote, c->stats.device, c->nsend, c->max_frag);
+    mw__conn_pump(c);
+}
+
+/* Fail everything pending on @c with @err and a message naming the peer. */
+static void fail_pending(mw_conn_t *c, int err)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s: %s", c->stats.remote[0] ? c->stats.remote : "peer", c->why);
+    mw__msg_fail_all(c, err, why);
+    mw__rdma_fail_all(c, err, why);
+    if (c->connect_f) {
+        mw_future_fail(c->connect_f, err, "%s", why);
+        mw_future_unref(c->connect_f);
+        c->connect_f = NULL;
+    }
+}
+
+static void disconnect(mw_conn_t *c)
+{
+    if (c->disconnected || !c->id)
+        return;
+    c->disconnected = true;
+    /* Moves the QP to the error state: everything posted comes back as a
+     * flush, and the final teardown waits for exactly that. */
+    rdma_disconnect(c->id);
+}
+
+void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
+{
+    if (c->state == MW__CONN_FREED)
+        return;
+    if (!c->err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->why, sizeof c->why, fmt, ap);
+        va_end(ap);
+        c->err = err;
+        /* a peer closing, or our own abort or teardown, is an ordinary end */
+        bool ordinary = err == -ECONNRESET || err == -ECONNABORTED || err == -ECANCELED;
+        MW_LOG(c->ctx, ordinary ? MW_LOG_INFO : MW_LOG_WARN,
+               "connection %s -> %s: %s", c->stats.local,
+               c->stats.remote[0] ? c->stats.remote : "?", c->why);
+    }
+    mw__conn_disarm_timer(c);
+    c->state = MW__CONN_BROKEN;
+    fail_pending(c, c->err);
+    disconnect(c);
+    mw__conn_maybe_finish(c);
+}
+
+void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what)
+{
+    /* The peer's disconnect leaves our QP as it was: move it to the error
+     * state ourselves, so the receives still posted come back as flushes. */
+    disconnect(c);
+    if (c->state == MW__CONN_DISCONNECTING || c->state == MW__CONN_CLOSING) {
+        if (!mw__list_empty(&c->sends) || !mw__list_empty(&c->rdmas))
+            mw__conn_fail(c, err, "%s", what);
+        mw__conn_maybe_finish(c);
+        return;
+    }
+    mw__conn_fail(c, err, "%s", what);
+}
+
+void mw__conn_maybe_finish(mw_conn_t *c)
+{
+    if (c->state == MW__CONN_CLOSING && mw__list_empty(&c->sends) && mw__list_empty(&c->rdmas)) {
+        c->state = MW__CONN_DISCONNECTING;
+        disconnect(c);
+    }
+    if (c->owner_gone && c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp))
+        mw__defer(c->ctx, &c->finish_task);
+}
+
+void mw__conn_free(mw_conn_t *c)
+{
+    if (c->state == MW__CONN_FREED)
+        return;
+    c->state = MW__CONN_FREED;
+    mw__list_del(&c->link);
+    if (c->timer)
+        event_free(c->timer);
+    if (c->pump_ev)
+        event_free(c->pump_ev);
+    if (c->id) {
+        if (c->id->qp)
+            rdma_destroy_qp(c->id);   /* completions still queued turn stray */
+        rdma_destroy_id(c->id);
+    }
+    if (c->cqe_reserved)
+        mw__dev_release_cqe(c->dev, c->cqe_reserved);
+    mw__msg_free_buffers(c);
+    free(c->peers);
+    if (c->close_f) {
+        if (c->err && c->err != -ECONNABORTED && c->err != -ECONNRESET)
+            mw_future_fail(c->close_f, c->err, "%s", c->why);
+        else
+            mw_future_resolve(c->close_f, NULL);
+        mw_future_unref(c->close_f);
+    }
+    free(c);
+}
+
+static void on_close_timeout(mw_conn_t *c)
+{
+    mw__conn_fail(c, -ETIMEDOUT, "close timed out after %u ms with work pending", c->opts.timeout_ms);
+}
+
+mw_future_t *mw_conn_close(mw_conn_t *c)
+{
+    if (!c || c->owner_gone)
+        return NULL;
+    mw_future_t *f = mw_future_new(c->ctx);
+    if (!f)
+        return NULL;
+    c->owner_gone = true;
+    c->close_f = mw_future_ref(f);
+    if (c->state == MW__CONN_ESTABLISHED) {
+        c->state = MW__CONN_CLOSING;
+        mw__conn_arm_timer(c, on_close_timeout);
+    } else if (c->state < MW__CONN_ESTABLISHED) {
+        mw__conn_fail(c, -ECANCELED, "closed while connecting");
+    }
+    mw__conn_maybe_finish(c);
+    return f;
+}
+
+void mw_conn_abort(mw_conn_t *c)
+{
+    if (!c || c->owner_gone)
+        return;
+    c->owner_gone = true;
+    mw__conn_fail(c, -ECONNABORTED, "aborted");
+}
+
+void mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg)
+{
+    c->imm_fn = fn;
+    c->imm_arg = arg;
+}
+
+void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out)
+{
+    *out = c->stats;
+}
+
+/* The QP and buffers of a failed attempt go now (nothing posted on a QP
+ * that never connected will complete once it is destroyed); the id goes
+ * after the current rdma_cm event is acked. */
+void mw__conn_drop_attempt(mw_conn_t *c)
+{
+    if (!c->id)
+        return;
+    if (c->id->qp)
+        rdma_destroy_qp(c->id);
+    if (c->cqe_reserved)
+        mw__dev_release_cqe(c->dev, c->cqe_reserved);
+    c->cqe_reserved = 0;
+    mw__msg_free_buffers(c);
+    c->wr_out = 0;
+    c->id->context = NULL;
+    mw__cm_destroy_id_later(c->ctx, c->id);
+    c->id = NULL;
+    c->dev = NULL;
+}
+
+/* Events an established (or closing) connection gets, on either side. */
+void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev)
+{
+    switch (ev->event) {
+    case RDMA_CM_EVENT_DISCONNECTED:
+        mw__conn_on_disconnected(c, -ECONNRESET, "peer disconnected");
+        break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        mw__conn_fail(c, -ENODEV, "RDMA device %s removed", c->stats.device);
+        break;
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+        MW_LOG(c->ctx, MW_LOG_WARN, "%s: local address changed", c->stats.local);
+        break;
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        break;
+    default:
+        MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: unexpected %s in state %s", c->stats.remote,
+               rdma_event_str(ev->event), mw__conn_state_str(c->state));
+        break;
+    }
+}

@@ -1,0 +1,205 @@
+/* The active side: for each address the peer offers (best subnet match
+ * first), resolve the address from the local NIC on the peer's subnet,
+ * resolve the route, connect with our handshake, check the peer's; every
+ * step under a deadline, every failure recorded before the next address. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm/cm.h"
+#include "cm/nic.h"
+#include "core/future.h"
+
+static void try_next(mw_conn_t *c);
+
+/* Record why this address failed and go on to the next. */
+static void attempt_failed(mw_conn_t *c, const char *fmt, const char *detail)
+{
+    char addr[MW__ADDR_STRLEN], one[128];
+    mw__addr_str((struct sockaddr *)&c->peers[c->next_peer - 1], addr, sizeof addr);
+    snprintf(one, sizeof one, fmt, detail);
+    size_t used = strlen(c->tried);
+    snprintf(c->tried + used, sizeof c->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
+    MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
+    mw__conn_disarm_timer(c);
+    mw__conn_drop_attempt(c);
+    try_next(c);
+}
+
+static void on_step_timeout(mw_conn_t *c)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s", mw__conn_state_str(c->state));
+    attempt_failed(c, "timed out %s", what);
+}
+
+static int pick_source(mw_conn_t *c, const struct sockaddr *peer, struct sockaddr_storage *src)
+{
+    const struct mw__nic *nics;
+    size_t n;
+    mw__cm_nics(c->ctx->layers[MW__LAYER_CM].state, &nics, &n);
+    int i = mw__nic_choose(nics, n, peer);
+    char p[MW__ADDR_STRLEN];
+    if (i < 0) {
+        MW_LOG(c->ctx, MW_LOG_INFO, "peer %s: no local RDMA address on its subnet, "
+               "the routing table decides", mw__addr_str(peer, p, sizeof p));
+        return -1;
+    }
+    *src = nics[i].addr;
+    ((struct sockaddr_in *)src)->sin_port = 0;   /* same offset in sockaddr_in6 */
+    char a[MW__ADDR_STRLEN];
+    MW_LOG(c->ctx, MW_LOG_INFO, "peer %s: from %s on %s (%s/%d)", mw__addr_str(peer, p, sizeof p),
+           mw__addr_str((struct sockaddr *)src, a, sizeof a), nics[i].dev, nics[i].ifname,
+           nics[i].prefix_len);
+    return i;
+}
+
+static void try_next(mw_conn_t *c)
+{
+    if (c->next_peer >= c->npeers) {
+        c->owner_gone = true;          /* nobody will ever hold it */
+        mw__conn_fail(c, -EHOSTUNREACH, "cannot connect: %s", c->tried);
+        return;
+    }
+    struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
+    struct sockaddr *peer = (struct sockaddr *)&c->peers[c->next_peer++];
+    struct sockaddr_storage src;
+    int have_src = pick_source(c, peer, &src) >= 0;
+    if (rdma_create_id(cm->ch, &c->id, c, RDMA_PS_TCP) < 0) {
+        c->id = NULL;
+        attempt_failed(c, "rdma_create_id: %s", mw_strerror(-errno));
+        return;
+    }
+    c->state = MW__CONN_RESOLVING_ADDR;
+    mw__conn_arm_timer(c, on_step_timeout);
+    if (rdma_resolve_addr(c->id, have_src ? (struct sockaddr *)&src : NULL, peer,
+                          (int)c->opts.timeout_ms) < 0)
+        attempt_failed(c, "cannot resolve: %s", mw_strerror(-errno));
+}
+
+mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts)
+{
+    mw_future_t *f = ctx ? mw_future_new(ctx) : NULL;
+    if (!f)
+        return NULL;
+    mw_conn_t *c;
+    int rc = mw__conn_new(ctx, opts, &c);
+    if (rc < 0) {
+        mw_future_fail(f, rc, "connect to %s: %s", addrs ? addrs : "(null)",
+                       rc == -EINVAL ? "bad options" : mw_strerror(rc));
+        return f;
+    }
+    rc = addrs ? mw__parse_addr_list(addrs, (uint16_t)c->opts.default_port, &c->peers, &c->npeers)
+               : -EINVAL;
+    if (rc < 0 || c->npeers == 0) {
+        mw_future_fail(f, rc < 0 ? rc : -EINVAL, "connect: bad address list \"%s\"",
+                       addrs ? addrs : "(null)");
+        c->owner_gone = true;
+        mw__conn_free(c);
+        return f;
+    }
+    const struct mw__nic *nics;
+    size_t n;
+    mw__cm_nics(ctx->layers[MW__LAYER_CM].state, &nics, &n);
+    mw__nic_order(nics, n, c->peers, c->npeers);
+    c->connect_f = mw_future_ref(f);
+    try_next(c);
+    return f;
+}
+
+static void on_route_resolved(mw_conn_t *c)
+{
+    int rc = mw__conn_setup_qp(c);
+    if (rc < 0) {
+        attempt_failed(c, "cannot set up the queue pair: %s", mw_strerror(rc));
+        return;
+    }
+    struct mw__hello h;
+    uint8_t pd[MW__HELLO_LEN];
+    mw__conn_fill_hello(c, &h);
+    int len = mw__hello_encode(&h, pd, sizeof pd);
+    struct rdma_conn_param p = {
+        .private_data = pd, .private_data_len = (uint8_t)len,
+        .responder_resources = 1, .initiator_depth = 1,
+        .retry_count = 7, .rnr_retry_count = 7,
+    };
+    c->state = MW__CONN_CONNECTING;
+    mw__conn_arm_timer(c, on_step_timeout);
+    if (rdma_connect(c->id, &p) < 0)
+        attempt_failed(c, "rdma_connect: %s", mw_strerror(-errno));
+}
+
+static void on_established(mw_conn_t *c, struct rdma_cm_event *ev)
+{
+    const char *why = "";
+    if (mw__conn_take_peer_hello(c, ev->param.conn.private_data,
+                                 ev->param.conn.private_data_len, &why) < 0) {
+        c->owner_gone = true;
+        mw__conn_fail(c, -EPROTO, "%s is not a meshwire peer: %s", c->stats.remote, why);
+        return;
+    }
+    mw__conn_established(c);
+    if (c->state != MW__CONN_ESTABLISHED)
+        return;
+    mw_future_t *f = c->connect_f;
+    c->connect_f = NULL;
+    mw_future_resolve(f, c);           /* the caller owns c from here */
+    mw_future_unref(f);
+}
+
+static const char *reject_reason(struct rdma_cm_event *ev, char *buf, size_t cap)
+{
+    const char *pd = ev->param.conn.private_data;
+    size_t n = ev->param.conn.private_data_len;
+    if (pd && n > 4 && !memcmp(pd, MW__REJECT_TAG, 4)) {
+        snprintf(buf, cap, "%.*s", (int)strnlen(pd + 4, n - 4), pd + 4);
+        return buf;
+    }
+    /* IB CM reason 28 is "consumer defined": rdma_cm answers that way when
+     * nothing listens on the port. */
+    if (ev->status == 28)
+        snprintf(buf, cap, "connection refused (nothing listening?)");
+    else
+        snprintf(buf, cap, "rejected (IB CM reason %d)", ev->status);
+    return buf;
+}
+
+void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev)
+{
+    char buf[96];
+    switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        c->state = MW__CONN_RESOLVING_ROUTE;
+        mw__conn_arm_timer(c, on_step_timeout);
+        if (rdma_resolve_route(c->id, (int)c->opts.timeout_ms) < 0)
+            attempt_failed(c, "cannot resolve the route: %s", mw_strerror(-errno));
+        return;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+        on_route_resolved(c);
+        return;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        on_established(c, ev);
+        return;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+        attempt_failed(c, "address resolution failed: %s", mw_strerror(ev->status));
+        return;
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+        attempt_failed(c, "route resolution failed: %s", mw_strerror(ev->status));
+        return;
+    case RDMA_CM_EVENT_UNREACHABLE:
+        attempt_failed(c, "unreachable: %s", mw_strerror(ev->status));
+        return;
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+        attempt_failed(c, "connect error: %s", mw_strerror(ev->status));
+        return;
+    case RDMA_CM_EVENT_REJECTED:
+        attempt_failed(c, "%s", reject_reason(ev, buf, sizeof buf));
+        return;
+    default:
+        if (c->state < MW__CONN_ESTABLISHED && ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+            attempt_failed(c, "%s", "device removed");
+        else
+            mw__conn_common_event(c, ev);
+    }
+}

@@ -1,0 +1,200 @@
+/* The passive side: a listener checks each connect request's handshake,
+ * rejects (with a reason, counted) whatever is not a meshwire peer of our
+ * version, and hands established connections to its callback. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+
+#include "cm/cm.h"
+#include "cm/nic.h"
+
+/* "", "*", ":PORT", "*:PORT" listen on every address; else an address. */
+static int parse_listen_addr(const char *s, uint16_t port, struct sockaddr_storage *sa)
+{
+    if (!s || !*s || !strcmp(s, "*") || *s == ':' || !strncmp(s, "*:", 2)) {
+        const char *p = !s ? NULL : *s == ':' ? s + 1 : !strncmp(s, "*:", 2) ? s + 2 : NULL;
+        if (p) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (!*p || *end || v < 0 || v > 65535)
+                return -EINVAL;
+            port = (uint16_t)v;
+        }
+        struct sockaddr_in *in = (struct sockaddr_in *)sa;
+        memset(sa, 0, sizeof *sa);
+        in->sin_family = AF_INET;
+        in->sin_port = htons(port);
+        return 0;
+    }
+    return mw__parse_addr(s, port, sa);
+}
+
+int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_accept_fn cb,
+              void *arg, mw_listener_t **lp)
+{
+    if (!ctx || !cb || !lp)
+        return -EINVAL;
+    mw_conn_opts_t o;
+    if (opts)
+        o = *opts;
+    else
+        mw_conn_opts_init(&o);
+    struct sockaddr_storage sa;
+    int rc = parse_listen_addr(addr, (uint16_t)o.default_port, &sa);
+    if (rc < 0)
+        return rc;
+    struct mw__cm *cm = mw__cm_get(ctx, &rc);
+    if (!cm)
+        return rc;
+    mw_listener_t *l = calloc(1, sizeof *l);
+    if (!l)
+        return -ENOMEM;
+    *l = (mw_listener_t){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
+    if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
+        rdma_bind_addr(l->id, (struct sockaddr *)&sa) < 0 || rdma_listen(l->id, 128) < 0) {
+        rc = errno ? -errno : -EIO;
+        char a[64];
+        MW_LOG(ctx, MW_LOG_ERROR, "cannot listen on %s: %s",
+               mw__addr_str((struct sockaddr *)&sa, a, sizeof a), mw_strerror(rc));
+        if (l->id)
+            rdma_destroy_id(l->id);
+        free(l);
+        return rc;
+    }
+    mw__list_add_tail(&cm->listeners, &l->link);
+    *lp = l;
+    return 0;
+}
+
+int mw_listener_port(const mw_listener_t *l)
+{
+    return l ? ntohs(rdma_get_src_port(l->id)) : -EINVAL;
+}
+
+void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out)
+{
+    *out = l->stats;
+}
+
+void mw_listener_free(mw_listener_t *l)
+{
+    if (!l)
+        return;
+    struct mw__cm *cm = l->ctx->layers[MW__LAYER_CM].state;
+    /* connections still being accepted lose their listener: they are
+     * aborted when their setup finishes */
+    for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
+        mw_conn_t *c = mw__container_of(i, mw_conn_t, link);
+        if (c->listener == l)
+            c->listener = NULL;
+    }
+    mw__list_del(&l->link);
+    rdma_destroy_id(l->id);
+    free(l);
+}
+
+static void send_reject(mw_listener_t *l, struct rdma_cm_id *id, const char *why)
+{
+    char pd[56];
+    int n = snprintf(pd, sizeof pd, MW__REJECT_TAG "%s", why);
+    if (n >= (int)sizeof pd)
+        n = sizeof pd - 1;
+    rdma_reject(id, pd, (uint8_t)(n + 1));
+    char a[64];
+    MW_LOG(l->ctx, MW_LOG_WARN, "rejected a connection from %s: %s",
+           mw__addr_str(rdma_get_peer_addr(id), a, sizeof a), why);
+}
+
+static void on_accept_timeout(mw_conn_t *c)
+{
+    mw__conn_fail(c, -ETIMEDOUT, "accepting timed out after %u ms", c->opts.timeout_ms);
+}
+
+static int accept_request(mw_listener_t *l, mw_conn_t *c, struct rdma_cm_event *ev,
+                          const char **why)
+{
+    int rc;
+    if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
+                                       ev->param.conn.private_data_len, why)) < 0)
+        return rc;
+    *why = "cannot set up the queue pair";
+    if ((rc = mw__conn_setup_qp(c)) < 0)
+        return rc;
+    struct mw__hello h;
+    uint8_t pd[MW__HELLO_LEN];
+    mw__conn_fill_hello(c, &h);
+    int len = mw__hello_encode(&h, pd, sizeof pd);
+    struct rdma_conn_param p = {
+        .private_data = pd, .private_data_len = (uint8_t)len,
+        .responder_resources = 1, .initiator_depth = 1,
+        .retry_count = 7, .rnr_retry_count = 7,
+    };
+    *why = "rdma_accept failed";
+    if (rdma_accept(c->id, &p) < 0)
+        return -errno;
+    (void)l;
+    mw__conn_arm_timer(c, on_accept_timeout);
+    return 0;
+}
+
+static void on_connect_request(mw_listener_t *l, struct rdma_cm_event *ev)
+{
+    mw_conn_t *c;
+    const char *why = "out of memory";
+    int rc = mw__conn_new(l->ctx, &l->opts, &c);
+    if (rc < 0) {
+        l->stats.failed++;
+        send_reject(l, ev->id, why);
+        mw__cm_destroy_id_later(l->ctx, ev->id);
+        return;
+    }
+    c->id = ev->id;
+    c->id->context = c;
+    c->listener = l;
+    c->state = MW__CONN_ACCEPTING;
+    c->owner_gone = true;              /* until handed to the callback */
+    if ((rc = accept_request(l, c, ev, &why)) < 0) {
+        if (rc == -EPROTO)
+            l->stats.rejected++;
+        else
+            l->stats.failed++;
+        send_reject(l, c->id, why);
+        mw__conn_drop_attempt(c);      /* the id goes after this event's ack */
+        c->err = rc;
+        mw__conn_maybe_finish(c);
+    }
+}
+
+void mw__listener_event(mw_listener_t *l, struct rdma_cm_event *ev)
+{
+    if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+        on_connect_request(l, ev);
+    else if (ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+        MW_LOG(l->ctx, MW_LOG_ERROR, "listener lost its RDMA device");
+}
+
+void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev)
+{
+    if (c->state != MW__CONN_ACCEPTING) {
+        mw__conn_common_event(c, ev);
+        return;
+    }
+    mw_listener_t *l = c->listener;
+    if (ev->event != RDMA_CM_EVENT_ESTABLISHED || !l) {
+        if (l)
+            l->stats.failed++;
+        mw__conn_fail(c, -ECONNABORTED, "accept failed: %s", rdma_event_str(ev->event));
+        return;
+    }
+    mw__conn_established(c);
+    if (c->state != MW__CONN_ESTABLISHED) {
+        l->stats.failed++;
+        return;
+    }
+    c->listener = NULL;
+    c->owner_gone = false;
+    l->stats.accepted++;
+    l->cb(l, c, l->arg);
+}

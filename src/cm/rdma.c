@@ -1,0 +1,210 @@
+/* One-sided operations: bounds and keys checked before anything is posted,
+ * large transfers split into chunks and pipelined with a bounded number in
+ * flight; a write with immediate puts its immediate on the last chunk (RC
+ * delivers in order, so it lands after all the data) and spends a credit,
+ * because it consumes one of the peer's receive slots. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "cm/cm.h"
+#include "core/cq.h"
+#include "core/dev.h"
+#include "core/future.h"
+#include "core/mem.h"
+#include "core/op.h"
+
+int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out)
+{
+    if (!c || !addr || !len || !out)
+        return -EINVAL;
+    if (!c->dev)
+        return -ENOTCONN;
+    uint32_t lkey;
+    int rc = mw__mem_keys(c->ctx, c->dev, addr, len, &lkey, &out->rkey);
+    if (rc < 0)
+        return rc;
+    out->addr = (uintptr_t)addr;
+    out->len = len;
+    return 0;
+}
+
+static uint64_t chunk_of(const mw_conn_t *c)
+{
+    uint64_t chunk = c->opts.chunk_size;
+    return c->max_msg && c->max_msg < chunk ? c->max_msg : chunk;
+}
+
+static uint64_t chunks_in(const mw_conn_t *c, const struct mw__rdma *r)
+{
+    return r->len ? (r->len + chunk_of(c) - 1) / chunk_of(c) : 1;
+}
+
+static void finish(mw_conn_t *c, struct mw__rdma *r)
+{
+    if (r->err)
+        mw_future_fail(r->f, r->err, "%s: %s", c->stats.remote,
+                       c->err ? c->why : "RDMA operation failed");
+    else
+        mw_future_resolve(r->f, NULL);
+    mw_future_unref(r->f);
+    mw__op_put(c->ctx, r->op);
+    mw__list_del(&r->link);
+    free(r);
+}
+
+static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
+{
+    struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
+    mw_conn_t *c = op->owner;
+    c->wr_out--;
+    c->rdma_out--;
+    r->chunks_out--;
+    r->done++;
+    if (wc->status != IBV_WC_SUCCESS) {
+        if (!r->err)
+            r->err = wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
+        if (wc->status != IBV_WC_WR_FLUSH_ERR)
+            mw__conn_fail(c, mw__wc_errno(wc->status), "RDMA %s failed: %s",
+                          r->opcode == IBV_WR_RDMA_READ ? "read" : "write",
+                          ibv_wc_status_str(wc->status));
+    }
+    if (r->chunks_out == 0 && (r->done == chunks_in(c, r) || r->err))
+        finish(c, r);
+    mw__conn_pump(c);
+    mw__conn_maybe_finish(c);
+}
+
+static int post_chunk(mw_conn_t *c, struct mw__rdma *r)
+{
+    uint64_t n = r->len - r->posted < chunk_of(c) ? r->len - r->posted : chunk_of(c);
+    bool last = r->posted + n == r->len;
+    struct ibv_sge sge = {.addr = (uintptr_t)(r->local + r->posted), .length = (uint32_t)n,
+                          .lkey = r->lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = r->op->wr_id, .sg_list = &sge, .num_sge = n ? 1 : 0,
+        .opcode = r->opcode, .send_flags = IBV_SEND_SIGNALED,
+        .wr.rdma = {.remote_addr = r->remote + r->posted, .rkey = r->rkey},
+    }, *bad;
+    if (last && r->with_imm) {
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data = htonl(r->imm);
+    }
+    int rc = -ibv_post_send(c->id->qp, &wr, &bad);
+    if (rc < 0)
+        return rc;
+    if (last && r->with_imm)
+        c->send_credits--;
+    r->posted += n;
+    r->chunks_out++;
+    c->rdma_out++;
+    c->wr_out++;
+    c->stats.rdma_bytes += n;
+    return 0;
+}
+
+static bool all_posted(const mw_conn_t *c, const struct mw__rdma *r)
+{
+    return r->done + r->chunks_out == chunks_in(c, r);
+}
+
+int mw__rdma_pump(mw_conn_t *c, int budget)
+{
+    int posted = 0;
+    for (struct mw__list *l = c->rdmas.next; l != &c->rdmas && posted < budget; l = l->next) {
+        struct mw__rdma *r = mw__container_of(l, struct mw__rdma, link);
+        while (!all_posted(c, r) && !r->err && c->rdma_out < c->opts.max_rdma_inflight &&
+               posted < budget) {
+            bool last = r->len - r->posted <= chunk_of(c);
+            if (last && r->with_imm && c->send_credits <= 1)
+                return posted;          /* the immediate waits for a credit */
+            int rc = post_chunk(c, r);
+            if (rc < 0) {
+                mw__conn_fail(c, rc, "posting an RDMA operation failed");
+                return posted;
+            }
+            posted++;
+        }
+        if (c->rdma_out >= c->opts.max_rdma_inflight)
+            break;
+    }
+    return posted;
+}
+
+void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why)
+{
+    (void)why;
+    struct mw__list *l = c->rdmas.next;
+    while (l != &c->rdmas) {
+        struct mw__rdma *r = mw__container_of(l, struct mw__rdma, link);
+        l = l->next;
+        if (!r->err)
+            r->err = err;
+        if (r->chunks_out == 0)
+            finish(c, r);             /* the rest come back as flushes */
+    }
+}
+
+static mw_future_t *start(mw_conn_t *c, enum ibv_wr_opcode opcode, void *local, size_t len,
+                          const mw_remote_t *rem, uint64_t offset, bool with_imm, uint32_t imm)
+{
+    if (!c)
+        return NULL;
+    mw_future_t *f = mw_future_new(c->ctx);
+    if (!f)
+        return NULL;
+    int rc = c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
+    uint32_t lkey = 0, rkey_unused;
+    const char *why = c->err ? c->why : "connection closing";
+    if (rc == 0 && (!rem || (!local && len) || (!len && !with_imm))) {
+        rc = -EINVAL;
+        why = "NULL or empty argument";
+    } else if (rc == 0 && (offset > rem->len || len > rem->len - offset)) {
+        rc = -ERANGE;
+        why = "outside the remote memory exported";
+    } else if (rc == 0 && len &&
+               mw__mem_keys(c->ctx, c->dev, local, len, &lkey, &rkey_unused) < 0) {
+        rc = -EFAULT;
+        why = "local memory not registered (use mw_alloc or mw_reg)";
+    }
+    struct mw__rdma *r = rc ? NULL : calloc(1, sizeof *r);
+    if (rc == 0 && (!r || !(r->op = mw__op_get(c->ctx, on_chunk_done, NULL, c)))) {
+        free(r);
+        rc = -ENOMEM;
+        why = "no memory";
+    }
+    if (rc) {
+        mw_future_fail(f, rc, "%s: %s", c->stats.remote, why);
+        return f;
+    }
+    *r = (struct mw__rdma){.f = mw_future_ref(f), .op = r->op, .opcode = opcode,
+                           .with_imm = with_imm, .imm = imm, .local = local, .lkey = lkey,
+                           .rkey = rem->rkey, .remote = rem->addr + offset, .len = len};
+    r->op->u64[0] = (uintptr_t)r;
+    mw__list_add_tail(&c->rdmas, &r->link);
+    if (opcode == IBV_WR_RDMA_READ)
+        c->stats.reads++;
+    else
+        c->stats.writes++;
+    mw__conn_pump(c);
+    return f;
+}
+
+mw_future_t *mw_write(mw_conn_t *c, const void *local, size_t len, const mw_remote_t *r,
+                      uint64_t offset)
+{
+    return start(c, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, false, 0);
+}
+
+mw_future_t *mw_write_imm(mw_conn_t *c, const void *local, size_t len, const mw_remote_t *r,
+                          uint64_t offset, uint32_t imm)
+{
+    return start(c, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, true, imm);
+}
+
+mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len, const mw_remote_t *r,
+                     uint64_t offset)
+{
+    return start(c, IBV_WR_RDMA_READ, local, len, r, offset, false, 0);
+}

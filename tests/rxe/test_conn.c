@@ -1,0 +1,627 @@
+/* Connections on real soft-RoCE: NIC choice per subnet, many connections at
+ * once, messages of every awkward size in order, one-sided operations and
+ * their bounds, malformed handshakes, and a peer killed mid-transfer. */
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <rdma/rdma_cma.h>
+
+#include "meshwire.h"
+#include "rxe_util.h"
+
+extern char **environ;
+static const char *addrs[2];
+static char self_path[4096];
+
+/* --- a server side in the same loop ------------------------------------- */
+
+#define MAXC 128
+struct server {
+    mw_ctx_t *ctx;
+    mw_listener_t *l;
+    int port;
+    mw_conn_t *conns[MAXC];
+    int n;
+};
+
+static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct server *s = arg;
+    assert_true(s->n < MAXC);
+    s->conns[s->n++] = c;
+}
+
+static void server_start(struct server *s, mw_ctx_t *ctx, const mw_conn_opts_t *o)
+{
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    assert_int_equal(mw_listen(ctx, "*:0", o, on_accept, s, &s->l), 0);
+    s->port = mw_listener_port(s->l);
+    assert_true(s->port > 0);
+}
+
+static void close_all(struct server *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        mw_future_t *f = mw_conn_close(s->conns[i]);
+        assert_int_equal(mw_wait(f), 0);
+        mw_future_unref(f);
+    }
+    s->n = 0;
+    mw_listener_free(s->l);
+}
+
+static mw_conn_t *connect_to(mw_ctx_t *ctx, const char *addr, int port, const mw_conn_opts_t *o)
+{
+    char a[128];
+    snprintf(a, sizeof a, "%s:%d", addr, port);
+    mw_future_t *f = mw_connect(ctx, a, o);
+    int rc = mw_wait(f);
+    if (rc)
+        fail_msg("connect %s: %s: %s", a, mw_strerror(rc), mw_future_message(f));
+    mw_conn_t *c = mw_future_value(f);
+    mw_future_unref(f);
+    return c;
+}
+
+static void close_conn(mw_conn_t *c)
+{
+    mw_future_t *f = mw_conn_close(c);
+    assert_int_equal(mw_wait(f), 0);
+    mw_future_unref(f);
+}
+
+/* Run the loop for @ms milliseconds (a future that only times out). */
+static void loop_for(mw_ctx_t *ctx, unsigned ms)
+{
+    mw_future_t *t = mw_future_new(ctx);
+    mw_future_set_timeout(t, ms);
+    assert_int_equal(mw_wait(t), -ETIMEDOUT);
+    mw_future_unref(t);
+}
+
+/* Wait until the server has accepted @n connections. */
+static void wait_accepted(struct server *s, int n)
+{
+    for (int i = 0; s->n < n && i < 1000; i++)
+        loop_for(s->ctx, 10);
+    assert_int_equal(s->n, n);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* --- NIC choice ----------------------------------------------------------- */
+
+/* The RDMA device whose netdev carries @addr, from sysfs (rxe's "parent"). */
+static int device_of(const char *addr, char *dev, size_t cap)
+{
+    struct ifaddrs *ifa, *i;
+    char ifname[IF_NAMESIZE] = "";
+    getifaddrs(&ifa);
+    for (i = ifa; i; i = i->ifa_next) {
+        char b[64];
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, b, sizeof b) &&
+            !strcmp(b, addr))
+            snprintf(ifname, sizeof ifname, "%s", i->ifa_name);
+    }
+    freeifaddrs(ifa);
+    int num;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    int found = -1;
+    for (int d = 0; d < num && found < 0; d++) {
+        char p[256], parent[64] = "";
+        snprintf(p, sizeof p, "/sys/class/infiniband/%s/parent", ibv_get_device_name(list[d]));
+        FILE *f = fopen(p, "r");
+        if (f && fscanf(f, "%63s", parent) == 1 && !strcmp(parent, ifname)) {
+            snprintf(dev, cap, "%s", ibv_get_device_name(list[d]));
+            found = 0;
+        }
+        if (f)
+            fclose(f);
+    }
+    ibv_free_device_list(list);
+    return found;
+}
+
+static void nic_choice_follows_the_peer_subnet(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct server s;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    server_start(&s, ctx, NULL);
+    for (int i = 0; i < 2; i++) {
+        char want[64];
+        if (device_of(addrs[i], want, sizeof want) < 0)
+            skip();                     /* no rxe "parent": hardware */
+        mw_conn_t *c = connect_to(ctx, addrs[i], s.port, NULL);
+        mw_conn_stats_t st;
+        mw_conn_stats(c, &st);
+        printf("peer %s -> local %s on %s (expected %s)\n", st.remote, st.local, st.device, want);
+        assert_string_equal(st.device, want);
+        assert_true(!strncmp(st.local, addrs[i], strlen(addrs[i])));
+        close_conn(c);
+    }
+    close_all(&s);
+    mw_ctx_free(ctx);
+}
+
+/* --- many connections --------------------------------------------------- */
+
+static void sixty_four_connections_at_once(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    mw_ctx_t *ctx;
+    struct server s;
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.credits = 4;
+    o.slot_size = 4096;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    server_start(&s, ctx, &o);
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", addrs[1], s.port);
+    mw_future_t *fs[N];
+    double t0 = now();
+    for (int i = 0; i < N; i++)
+        assert_non_null(fs[i] = mw_connect(ctx, a, &o));    /* all in flight at once */
+    double issued = now() - t0;
+    mw_future_t *all = mw_future_all(ctx, fs, N);
+    int rc = mw_wait(all);
+    double t = now() - t0;
+    if (rc)
+        fail_msg("%s", mw_future_message(all));
+    wait_accepted(&s, N);
+    printf("64 connections: set up in %.3f s (issuing them took %.4f s)\n", t, issued);
+    assert_true(issued < 0.5);          /* mw_connect never blocks on setup */
+    /* every pair carries a message */
+    for (int i = 0; i < N; i++) {
+        mw_conn_t *c = mw_future_value(fs[i]);
+        int v = i;
+        mw_future_t *sf = mw_send(c, &v, sizeof v);
+        assert_int_equal(mw_wait(sf), 0);
+        mw_future_unref(sf);
+    }
+    uint64_t seen = 0;                  /* each client's number, once */
+    for (int i = 0; i < N; i++) {
+        mw_future_t *rf = mw_recv(s.conns[i]);
+        assert_int_equal(mw_wait(rf), 0);
+        mw_msg_t *m = mw_future_value(rf);
+        assert_int_equal(m->len, sizeof(int));
+        int v = *(int *)m->data;
+        assert_true(v >= 0 && v < N && !(seen & (1ULL << v)));
+        seen |= 1ULL << v;
+        mw_msg_free(m);
+        mw_future_unref(rf);
+    }
+    assert_true(seen == UINT64_MAX);
+    mw_listener_stats_t ls;
+    mw_listener_stats(s.l, &ls);
+    assert_int_equal(ls.accepted, N);
+    for (int i = 0; i < N; i++) {
+        close_conn(mw_future_value(fs[i]));
+        mw_future_unref(fs[i]);
+    }
+    mw_future_unref(all);
+    close_all(&s);
+    mw_ctx_free(ctx);
+}
+
+/* --- messages ------------------------------------------------------------ */
+
+struct pair {
+    mw_ctx_t *ctx;
+    struct server s;
+    mw_conn_t *c, *p;          /* client end, server end */
+};
+
+static int pair_setup(void **state)
+{
+    struct pair *p = calloc(1, sizeof *p);
+    assert_int_equal(mw_ctx_new(&p->ctx, NULL, NULL), 0);
+    server_start(&p->s, p->ctx, NULL);
+    p->c = connect_to(p->ctx, addrs[1], p->s.port, NULL);
+    wait_accepted(&p->s, 1);
+    p->p = p->s.conns[0];
+    *state = p;
+    return 0;
+}
+
+static int pair_teardown(void **state)
+{
+    struct pair *p = *state;
+    if (p->c)
+        close_conn(p->c);
+    close_all(&p->s);
+    mw_ctx_free(p->ctx);
+    free(p);
+    return 0;
+}
+
+static void fill(uint8_t *b, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i * 131 + seed + (i >> 12));
+}
+
+static void messages_of_awkward_sizes_arrive_intact(void **state)
+{
+    struct pair *p = *state;
+    const size_t sizes[] = {0, 1, 4095, 4096, (1 << 20) + 1, 64u << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        uint8_t *b = malloc(n ? n : 1);
+        fill(b, n, (unsigned)k);
+        double t0 = now();
+        mw_future_t *sf = mw_send(p->c, b, n), *rf = mw_recv(p->p);
+        assert_int_equal(mw_wait(rf), 0);
+        assert_int_equal(mw_wait(sf), 0);
+        double t = now() - t0;
+        mw_msg_t *m = mw_future_value(rf);
+        assert_int_equal(m->len, n);
+        assert_memory_equal(m->data, b, n);
+        if (n >= (1 << 20))
+            printf("message of %zu bytes: %.3f s, %.1f MiB/s\n", n, t, n / t / (1 << 20));
+        mw_msg_free(m);
+        mw_future_unref(sf);
+        mw_future_unref(rf);
+        free(b);
+    }
+}
+
+static void messages_keep_their_order_both_ways(void **state)
+{
+    struct pair *p = *state;
+    enum { N = 200 };
+    static uint32_t v[2][N];
+    mw_future_t *sf[2][N];
+    for (int i = 0; i < N; i++) {           /* far more than the credits */
+        v[0][i] = i;
+        v[1][i] = 1000 + i;
+        sf[0][i] = mw_send(p->c, &v[0][i], 4);
+        sf[1][i] = mw_send(p->p, &v[1][i], 4);
+    }
+    for (int i = 0; i < N; i++) {
+        mw_future_t *a = mw_recv(p->p), *b = mw_recv(p->c);
+        assert_int_equal(mw_wait(a), 0);
+        assert_int_equal(mw_wait(b), 0);
+        assert_int_equal(*(uint32_t *)((mw_msg_t *)mw_future_value(a))->data, i);
+        assert_int_equal(*(uint32_t *)((mw_msg_t *)mw_future_value(b))->data, 1000 + i);
+        mw_msg_free(mw_future_value(a));
+        mw_msg_free(mw_future_value(b));
+        mw_future_unref(a);
+        mw_future_unref(b);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(mw_wait(sf[0][i]), 0);
+        assert_int_equal(mw_wait(sf[1][i]), 0);
+        mw_future_unref(sf[0][i]);
+        mw_future_unref(sf[1][i]);
+    }
+}
+
+/* --- one-sided ----------------------------------------------------------- */
+
+static unsigned imm_count;
+static uint32_t imm_last;
+static void on_imm(mw_conn_t *c, uint32_t imm, void *arg)
+{
+    (void)c;
+    (void)arg;
+    imm_count++;
+    imm_last = imm;
+}
+
+static void one_sided_write_read_and_imm(void **state)
+{
+    struct pair *p = *state;
+    size_t n = (8u << 20) + 3;
+    uint8_t *target = mw_alloc(p->ctx, n), *src = mw_alloc(p->ctx, n), *back = mw_alloc(p->ctx, n);
+    memset(target, 0, n);
+    fill(src, n, 9);
+    mw_remote_t r;
+    assert_int_equal(mw_mem_export(p->p, target, n, &r), 0);   /* the server exports */
+    mw_conn_on_imm(p->p, on_imm, NULL);
+    double t0 = now();
+    mw_future_t *w = mw_write_imm(p->c, src, n, &r, 0, 0xabcd1234);
+    assert_int_equal(mw_wait(w), 0);
+    double t = now() - t0;
+    mw_future_unref(w);
+    printf("write of %zu bytes: %.1f MiB/s\n", n, n / t / (1 << 20));
+    for (int i = 0; imm_count == 0 && i < 500; i++) /* the imm arrives on the loop */
+        loop_for(p->ctx, 5);
+    assert_int_equal(imm_last, 0xabcd1234);
+    assert_memory_equal(target, src, n);
+    mw_future_t *rd = mw_read(p->c, back, n - 5, &r, 5);
+    assert_int_equal(mw_wait(rd), 0);
+    assert_memory_equal(back, src + 5, n - 5);
+    mw_future_unref(rd);
+    mw_conn_stats_t st;
+    mw_conn_stats(p->c, &st);
+    assert_true(st.rdma_bytes >= 2 * n - 5);
+    mw_free(p->ctx, target);
+    mw_free(p->ctx, src);
+    mw_free(p->ctx, back);
+}
+
+static void one_sided_bounds_are_checked_locally(void **state)
+{
+    struct pair *p = *state;
+    uint8_t *target = mw_alloc(p->ctx, 4096), *src = mw_alloc(p->ctx, 8192);
+    uint8_t unreg[64];
+    mw_remote_t r;
+    assert_int_equal(mw_mem_export(p->p, target, 4096, &r), 0);
+    assert_int_equal(mw_mem_export(p->p, unreg, sizeof unreg, &r) , -EFAULT);
+    assert_int_equal(mw_mem_export(p->p, target, 4096, &r), 0);
+    struct { size_t len; uint64_t off; int want; const void *local; } cases[] = {
+        {4097, 0, -ERANGE, src},              /* longer than the export */
+        {1, 4096, -ERANGE, src},              /* just past the end */
+        {16, UINT64_MAX - 8, -ERANGE, src},   /* offset + len overflows */
+        {64, 0, -EFAULT, unreg},              /* local memory not registered */
+        {4096, 0, 0, src},                    /* exactly fits */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mw_future_t *f = mw_write(p->c, cases[i].local, cases[i].len, &r, cases[i].off);
+        assert_int_equal(mw_wait(f), cases[i].want);
+        mw_future_unref(f);
+    }
+    mw_free(p->ctx, target);
+    mw_free(p->ctx, src);
+}
+
+/* --- close ---------------------------------------------------------------- */
+
+static void graceful_close_finishes_pending_work(void **state)
+{
+    struct pair *p = *state;
+    enum { N = 40 };
+    static uint8_t big[N][64 << 10];
+    mw_future_t *sf[N];
+    for (int i = 0; i < N; i++) {
+        memset(big[i], i, sizeof big[i]);
+        sf[i] = mw_send(p->c, big[i], sizeof big[i]);   /* more than the credits */
+    }
+    mw_future_t *cf = mw_conn_close(p->c);              /* while they are queued */
+    p->c = NULL;
+    for (int i = 0; i < N; i++) {                        /* the peer drains them */
+        mw_future_t *r = mw_recv(p->p);
+        assert_int_equal(mw_wait(r), 0);
+        mw_msg_t *m = mw_future_value(r);
+        assert_int_equal(m->len, sizeof big[i]);
+        assert_int_equal(((uint8_t *)m->data)[100], i);
+        mw_msg_free(m);
+        mw_future_unref(r);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(mw_wait(sf[i]), 0);            /* every send completed */
+        mw_future_unref(sf[i]);
+    }
+    assert_int_equal(mw_wait(cf), 0);
+    mw_future_unref(cf);
+    mw_future_t *after = mw_recv(p->p);                 /* the peer learns it */
+    assert_int_equal(mw_wait(after), -ECONNRESET);
+    mw_future_unref(after);
+}
+
+static void abort_fails_pending_work(void **state)
+{
+    struct pair *p = *state;
+    enum { N = 40 };
+    static uint8_t big[N][64 << 10];
+    mw_future_t *sf[N], *rf = mw_recv(p->c);
+    for (int i = 0; i < N; i++)
+        sf[i] = mw_send(p->c, big[i], sizeof big[i]);
+    mw_conn_abort(p->c);
+    p->c = NULL;
+    int failed = 0;
+    for (int i = 0; i < N; i++) {
+        int rc = mw_wait(sf[i]);
+        assert_true(rc == 0 || rc == -ECONNABORTED);   /* some may have gone already */
+        failed += rc == -ECONNABORTED;
+        mw_future_unref(sf[i]);
+    }
+    assert_int_equal(mw_wait(rf), -ECONNABORTED);
+    mw_future_unref(rf);
+    printf("abort: %d of %d queued sends failed with -ECONNABORTED\n", failed, N);
+    assert_true(failed > 0);
+}
+
+/* --- a foreign client ---------------------------------------------------- */
+
+/* Child mode: a raw rdma_cm client offering @pd as its handshake; exits 0
+ * when rejected (what must happen), 1 when it got in. */
+static int raw_client(const char *addr, int port, const char *kind)
+{
+    struct rdma_cm_id *id;
+    struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    if (rdma_getaddrinfo(addr, p, &hints, &res))
+        return 2;
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 1, .max_recv_wr = 1,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
+    if (rdma_create_ep(&id, res, NULL, &qa))
+        return 2;
+    uint8_t pd[56] = {0};
+    size_t len = 0;
+    if (!strcmp(kind, "garbage")) {
+        for (int i = 0; i < 40; i++)
+            pd[i] = (uint8_t)(i * 37 + 11);
+        len = 40;
+    } else if (!strcmp(kind, "magic")) {
+        memcpy(pd, "XXXX", 4);
+        len = 36;
+    } else if (!strcmp(kind, "version")) {
+        pd[0] = 0x4d, pd[1] = 0x57, pd[2] = 0x49, pd[3] = 0x52, pd[4] = 99;
+        len = 36;
+    } else if (!strcmp(kind, "truncated")) {
+        pd[0] = 0x4d, pd[1] = 0x57, pd[2] = 0x49, pd[3] = 0x52, pd[4] = 1;
+        len = 10;
+    }
+    struct rdma_conn_param cp = {.private_data = len ? pd : NULL, .private_data_len = (uint8_t)len,
+                                 .retry_count = 7, .rnr_retry_count = 7};
+    int rc = rdma_connect(id, &cp);
+    rdma_destroy_ep(id);
+    rdma_freeaddrinfo(res);
+    return rc ? 0 : 1;
+}
+
+static pid_t spawn_self(const char *mode, const char *a1, int port, const char *a3)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    char *argv[] = {self_path, (char *)mode, (char *)a1, ps, (char *)a3, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+/* Run the loop until @pid exits; return its exit status. */
+static int loop_until_exit(mw_ctx_t *ctx, pid_t pid)
+{
+    int st;
+    for (int i = 0; i < 3000; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        loop_for(ctx, 10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    fail_msg("child %d did not finish", (int)pid);
+    return -1;
+}
+
+static void malformed_handshakes_are_rejected_and_counted(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct server s;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    server_start(&s, ctx, NULL);
+    const char *kinds[] = {"none", "garbage", "magic", "version", "truncated"};
+    for (size_t k = 0; k < 5; k++) {
+        pid_t pid = spawn_self("raw", addrs[1], s.port, kinds[k]);
+        int rc = loop_until_exit(ctx, pid);
+        printf("raw client with %s handshake: %s\n", kinds[k], rc == 0 ? "rejected" : "ADMITTED");
+        assert_int_equal(rc, 0);
+        /* and a good client is still served */
+        mw_conn_t *c = connect_to(ctx, addrs[1], s.port, NULL);
+        close_conn(c);
+    }
+    mw_listener_stats_t ls;
+    mw_listener_stats(s.l, &ls);
+    assert_int_equal(ls.rejected, 5);
+    assert_int_equal(ls.accepted, 5);
+    close_all(&s);
+    mw_ctx_free(ctx);
+}
+
+/* --- a peer killed mid-transfer ------------------------------------------ */
+
+/* Child mode: connect and stream 64 MiB messages until killed. */
+static int streaming_client(const char *addr, int port)
+{
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        return 2;
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", addr, port);
+    mw_future_t *f = mw_connect(ctx, a, NULL);
+    if (mw_wait(f))
+        return 3;
+    mw_conn_t *c = mw_future_value(f);
+    size_t n = 64u << 20;
+    uint8_t *b = calloc(1, n);
+    for (;;) {
+        mw_future_t *s = mw_send(c, b, n);
+        if (mw_wait(s))
+            return 4;
+        mw_future_unref(s);
+    }
+}
+
+static void killed_peer_fails_pending_work_in_bounded_time(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct server s;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    server_start(&s, ctx, NULL);
+    pid_t pid = spawn_self("stream", addrs[1], s.port, "-");
+    wait_accepted(&s, 1);
+    mw_future_t *first = mw_recv(s.conns[0]);
+    assert_int_equal(mw_wait(first), 0);               /* data is flowing */
+    mw_msg_free(mw_future_value(first));
+    mw_future_unref(first);
+    mw_future_t *pending = mw_recv(s.conns[0]);       /* mid-message, surely */
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    double t0 = now();
+    mw_future_set_timeout(pending, 30000);            /* only a backstop */
+    int rc = mw_wait(pending);
+    double t = now() - t0;
+    printf("peer killed: pending receive failed after %.3f s: %s (%s)\n", t, mw_strerror(rc),
+           mw_future_message(pending));
+    assert_int_not_equal(rc, 0);
+    assert_int_not_equal(rc, -ETIMEDOUT);             /* noticed, not timed out */
+    assert_non_null(strstr(mw_future_message(pending), addrs[1]));   /* names the peer */
+    mw_future_unref(pending);
+    /* the context serves others */
+    mw_conn_t *c = connect_to(ctx, addrs[1], s.port, NULL);
+    close_conn(c);
+    close_all(&s);
+    mw_ctx_free(ctx);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "raw"))
+        return raw_client(argv[2], atoi(argv[3]), argv[4]);
+    if (argc == 5 && !strcmp(argv[1], "stream"))
+        return streaming_client(argv[2], atoi(argv[3]));
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* progress shows even if killed */
+    if (getenv("MW_TEST_FILTER"))         /* e.g. MW_TEST_FILTER='*order*' */
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
+    rxe_require(2, addrs);
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(nic_choice_follows_the_peer_subnet),
+        cmocka_unit_test(sixty_four_connections_at_once),
+        cmocka_unit_test_setup_teardown(messages_of_awkward_sizes_arrive_intact, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(messages_keep_their_order_both_ways, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(one_sided_write_read_and_imm, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
+        cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
+        cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
