@@ -31,7 +31,8 @@ def main():
         n = 0
         for base in filter(None, bases.split(",")):
             try:
-                for k, v in count(f"{logdir}/{base}.json").items():
+                path = base if base.startswith("/") else f"{logdir}/{base}"
+                for k, v in count(f"{path}.json").items():
                     c[k] += v
                 n += 1
             except OSError:
