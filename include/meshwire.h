@@ -229,6 +229,10 @@ typedef struct mw_conn_opts {
                                    at most this (and the port's max message
                                    size); default 1 MiB */
     unsigned default_port;    /**< port when an address names none; default 7470 */
+    unsigned keepalive_ms;    /**< while receives wait and the peer is silent
+                                   this long, probe it (a zero-length RDMA
+                                   write) so a vanished peer fails them;
+                                   default 0 = timeout_ms */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */

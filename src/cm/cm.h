@@ -144,6 +144,9 @@ struct mw_conn {
     unsigned rdma_out;            /* chunks in flight */
     unsigned wr_out;              /* work requests posted, not completed */
     struct event *pump_ev;        /* zero timer: post more next turn */
+    struct event *probe_ev;       /* keepalive while receives wait */
+    struct mw__op *probe_op;      /* the probe in flight, if any */
+    uint64_t rx_activity, rx_seen_at_probe;
     mw_future_t *close_f;
     bool owner_gone;              /* closed/aborted: free once flushed */
     bool disconnected;            /* rdma_disconnect done (or the peer's) */
@@ -191,5 +194,6 @@ void mw__msg_fail_all(mw_conn_t *c, int err, const char *why);
 void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why);
 int mw__msg_post_recvs(mw_conn_t *c);
 void mw__msg_free_buffers(mw_conn_t *c);
+void mw__probe_arm(mw_conn_t *c);            /* keepalive: see msg.c */
 
 #endif

@@ -287,6 +287,8 @@ void mw__conn_free(mw_conn_t *c)
         event_free(c->timer);
     if (c->pump_ev)
         event_free(c->pump_ev);
+    if (c->probe_ev)
+        event_free(c->probe_ev);
     if (c->id) {
         if (c->id->qp)
             rdma_destroy_qp(c->id);   /* completions still queued turn stray */

@@ -210,6 +210,7 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         mw__conn_maybe_finish(c);
         return;
     }
+    c->rx_activity++;
     if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         c->stats.imms_received++;
         recycle_slot(c, i);
@@ -259,6 +260,7 @@ mw_future_t *mw_recv(mw_conn_t *c)
     }
     w->msg.data = mw_future_ref(f);
     mw__list_add_tail(&c->recv_waiters, &w->link);
+    mw__probe_arm(c);
     return f;
 }
 
@@ -456,4 +458,70 @@ void mw__conn_pump(mw_conn_t *c)
             event_add(c->pump_ev, &mw__zero_tv);
     }
     mw__conn_maybe_finish(c);
+}
+
+/* --- keepalive ----------------------------------------------------------- */
+
+/* A receive can wait forever on a peer whose host or link silently went
+ * away: nothing is in flight to time out.  So while receives wait and
+ * nothing arrives for keepalive_ms, a zero-length RDMA write probes the peer:
+ * it needs no credit and no remote memory, and its retries fail it (and the
+ * connection) when nobody answers.  An idle connection with no waiters
+ * sends nothing and wakes nobody. */
+static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
+{
+    mw_conn_t *c = op->owner;
+    c->wr_out--;
+    c->probe_op = NULL;
+    mw__op_put(c->ctx, op);
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+        mw__conn_fail(c, mw__wc_errno(wc->status), "peer not responding (keepalive: %s)",
+                      ibv_wc_status_str(wc->status));
+    else
+        mw__probe_arm(c);
+    mw__conn_maybe_finish(c);
+}
+
+static void send_probe(mw_conn_t *c)
+{
+    struct mw__op *op = mw__op_get(c->ctx, on_probe_done, NULL, c);
+    if (!op)
+        return;
+    struct ibv_send_wr wr = {.wr_id = op->wr_id, .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED}, *bad;
+    if (ibv_post_send(c->id->qp, &wr, &bad)) {
+        mw__op_put(c->ctx, op);
+        return;
+    }
+    c->probe_op = op;
+    c->wr_out++;
+}
+
+static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mw_conn_t *c = arg;
+    if (c->state != MW__CONN_ESTABLISHED || mw__list_empty(&c->recv_waiters) || c->probe_op)
+        return;
+    if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
+        c->rx_seen_at_probe = c->rx_activity;
+        mw__probe_arm(c);
+        return;
+    }
+    send_probe(c);
+}
+
+void mw__probe_arm(mw_conn_t *c)
+{
+    if (mw__list_empty(&c->recv_waiters) || c->state != MW__CONN_ESTABLISHED)
+        return;
+    if (!c->probe_ev && !(c->probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
+        return;
+    if (evtimer_pending(c->probe_ev, NULL))
+        return;
+    unsigned ms = c->opts.keepalive_ms ? c->opts.keepalive_ms : c->opts.timeout_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    c->rx_seen_at_probe = c->rx_activity;
+    evtimer_add(c->probe_ev, &tv);
 }

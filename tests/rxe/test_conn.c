@@ -450,6 +450,40 @@ static void abort_fails_pending_work(void **state)
     assert_true(failed > 0);
 }
 
+/* --- keepalive ----------------------------------------------------------- */
+
+static void waiting_receive_survives_keepalive_probes(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct server s;
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.keepalive_ms = 100;               /* a probe every 100 ms of silence */
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    server_start(&s, ctx, &o);
+    mw_conn_t *c = connect_to(ctx, addrs[1], s.port, &o);
+    wait_accepted(&s, 1);
+    mw_future_t *r = mw_recv(c);
+    loop_for(ctx, 1000);                /* ~10 probes to a healthy peer */
+    assert_int_equal(mw_future_state(r), MW_FUTURE_PENDING);
+    mw_ctx_stats_t st;
+    mw_ctx_stats(ctx, &st);
+    printf("1 s of silence with a receive waiting: %llu wake-ups (probes answered)\n",
+           (unsigned long long)st.events);
+    int v = 42;
+    mw_future_t *sf = mw_send(s.conns[0], &v, sizeof v);
+    assert_int_equal(mw_wait(r), 0);
+    assert_int_equal(*(int *)((mw_msg_t *)mw_future_value(r))->data, 42);
+    mw_msg_free(mw_future_value(r));
+    mw_future_unref(r);
+    assert_int_equal(mw_wait(sf), 0);
+    mw_future_unref(sf);
+    close_conn(c);
+    close_all(&s);
+    mw_ctx_free(ctx);
+}
+
 /* --- a foreign client ---------------------------------------------------- */
 
 /* Child mode: a raw rdma_cm client offering @pd as its handshake; exits 0
@@ -620,6 +654,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
+        cmocka_unit_test(waiting_receive_survives_keepalive_probes),
         cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
     };
