@@ -255,6 +255,13 @@ void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
 
 void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what)
 {
+    /* The rdma_cm event and the completions travel apart: completions of
+     * what the peer delivered before it left may still sit in the CQ.  Take
+     * them first, so they count, and only then fail what remains. */
+    if (c->dev)
+        mw__cq_drain_now(c->dev->cq);
+    if (c->state == MW__CONN_FREED)
+        return;
     /* The peer's disconnect leaves our QP as it was: move it to the error
      * state ourselves, so the receives still posted come back as flushes. */
     disconnect(c);

@@ -216,6 +216,9 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         recycle_slot(c, i);
         if (c->imm_fn)
             c->imm_fn(c, ntohl(wc->imm_data), c->imm_arg);
+        else
+            MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
+                   c->stats.remote, ntohl(wc->imm_data));
     } else if (take_frag(c, c->slots[i].buf, wc->byte_len) == 0) {
         recycle_slot(c, i);
     }

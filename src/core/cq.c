@@ -91,6 +91,13 @@ void mw__cq_handle(struct mw__cq *cq)
     }
 }
 
+void mw__cq_drain_now(struct mw__cq *cq)
+{
+    unsigned budget = UINT32_MAX;
+    if (cq && !cq->broken)
+        drain(cq, &budget);
+}
+
 static void on_event(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;

@@ -50,6 +50,11 @@ void mw__cq_stop(struct mw__cq *cq);
 /* mw__cq_handle() - the readable handler's work (exposed for tests). */
 void mw__cq_handle(struct mw__cq *cq);
 
+/* mw__cq_drain_now() - handle every completion already in the CQ, without
+ * waiting for its event: before a connection is declared dead, whatever the
+ * peer delivered before leaving is taken first. */
+void mw__cq_drain_now(struct mw__cq *cq);
+
 /* mw__cq_open() / mw__cq_close() - a real CQ of @depth entries on @verbs
  * with its own non-blocking completion channel. */
 int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp);
