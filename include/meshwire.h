@@ -342,6 +342,101 @@ typedef struct mw_conn_stats {
 } mw_conn_stats_t;
 MW_EXTERN void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 
+/* ------------------------------------------------------------------------
+ * Collectives over a communicator
+ * ------------------------------------------------------------------------ */
+
+/** Element types of collectives. */
+typedef enum mw_dtype {
+    MW_INT8 = 0, MW_INT16, MW_INT32, MW_INT64,
+    MW_UINT8, MW_UINT16, MW_UINT32, MW_UINT64,
+    MW_F16,                   /**< IEEE 754 binary16 */
+    MW_BF16,                  /**< bfloat16 */
+    MW_F32, MW_F64,
+    MW_DTYPE_COUNT
+} mw_dtype_t;
+
+/** Reduction operations.  Integer sum/prod wrap (two's complement); for
+ *  floating types min/max return NaN when either operand is NaN; f16/bf16
+ *  are computed in f32 and rounded to nearest even. */
+typedef enum mw_op { MW_SUM = 0, MW_PROD, MW_MIN, MW_MAX, MW_OP_COUNT } mw_op_t;
+
+/** mw_dtype_size() - bytes per element, 0 for an unknown type. Thread-safe. */
+MW_EXTERN size_t mw_dtype_size(mw_dtype_t dt);
+/** mw_dtype_name() / mw_op_name() - "f32", "sum"...; "?" if unknown. */
+MW_EXTERN const char *mw_dtype_name(mw_dtype_t dt);
+MW_EXTERN const char *mw_op_name(mw_op_t op);
+
+
+typedef struct mw_comm mw_comm_t;
+
+/** Communicator options; start from mw_comm_opts_init(). */
+typedef struct mw_comm_opts {
+    unsigned timeout_ms;      /**< creation deadline, peers included (they may
+                                   start later); default 60000 */
+    unsigned slot_size;       /**< bytes per scratch slot a peer writes into;
+                                   default 1 MiB */
+    unsigned slots;           /**< scratch slots per peer (chunks in flight);
+                                   default 4 */
+    mw_conn_opts_t conn;      /**< for the connections of the mesh */
+} mw_comm_opts_t;
+
+/** mw_comm_opts_init() - fill @opts with the defaults. */
+MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
+
+/**
+ * mw_comm_create() - join a communicator of @nranks ranks as @rank.
+ * @peers: nranks entries; entry i is how to reach rank i: "ADDR[,ADDR...]:PORT"
+ *         style as for mw_connect (every address of rank i; each rank
+ *         connects through the one on a subnet it shares).  Entry @rank's
+ *         port is where this rank listens (on all its addresses).
+ * Rank i connects to the ranks below it and accepts the ranks above it: a
+ * full mesh of RC connections made through rdma_cm, no other channel; each
+ * pair then exchanges the registered scratch regions it writes into.
+ * Return: a future whose value is the mw_comm_t * (the caller's, free with
+ * mw_comm_free); NULL only when out of memory.
+ */
+MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
+                                      const char *const *peers, const mw_comm_opts_t *opts);
+
+/** mw_comm_free() - close the mesh; pending collectives fail -ECANCELED. */
+MW_EXTERN void mw_comm_free(mw_comm_t *comm);
+MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);
+MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
+
+/*
+ * Collectives.  Each returns a future, done when this rank's part is
+ * complete and its output buffer holds the result.  Buffers stay the
+ * caller's; they need not be registered (they are, through mw_reg's cache,
+ * while the collective runs) and must not change until the future completes.
+ * @count is in elements.  Several collectives may be in flight on one
+ * communicator; they run in the order issued, and every rank must issue the
+ * same sequence (a rank that calls a different collective, count, type or
+ * op is detected, and the collective fails on the ranks that notice).
+ * In-place: pass the same pointer as input and output.
+ */
+MW_EXTERN mw_future_t *mw_barrier(mw_comm_t *comm);
+MW_EXTERN mw_future_t *mw_broadcast(mw_comm_t *comm, void *buf, size_t count, mw_dtype_t dt,
+                                    int root);
+MW_EXTERN mw_future_t *mw_reduce(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                 mw_dtype_t dt, mw_op_t op, int root);
+MW_EXTERN mw_future_t *mw_allreduce(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                    mw_dtype_t dt, mw_op_t op);
+/** @count: elements per rank; @out holds nranks * count, @in count. */
+MW_EXTERN mw_future_t *mw_allgather(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                    mw_dtype_t dt);
+/** @count: total elements of @in; rank r's @out gets its block (mw_block_of). */
+MW_EXTERN mw_future_t *mw_reduce_scatter(mw_comm_t *comm, const void *in, void *out,
+                                         size_t count, mw_dtype_t dt, mw_op_t op);
+/** @count: elements per rank. */
+MW_EXTERN mw_future_t *mw_gather(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                 mw_dtype_t dt, int root);
+MW_EXTERN mw_future_t *mw_scatter(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                  mw_dtype_t dt, int root);
+/** @count: elements sent to each rank (in and out hold nranks * count). */
+MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, size_t count,
+                                   mw_dtype_t dt);
+
 /**
  * mw_version() - the library version, "MAJOR.MINOR.PATCH".
  * Thread-safe; the string is static.

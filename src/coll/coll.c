@@ -1,0 +1,165 @@
+/* The public collectives: check the arguments, build this rank's schedule,
+ * set up its buffers (the caller's where they hold the whole result, else a
+ * registered work buffer; the input set aside when aliasing it would be
+ * wrong), and queue it on the communicator. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/comm.h"
+#include "coll/exec.h"
+#include "coll/reduce.h"
+#include "coll/sched.h"
+#include "core/ctx.h"
+
+static enum mw__algo algo_for(enum mw__coll_kind kind)
+{
+    /* MW_ALLREDUCE_ALGO=ring|rd|direct overrides, for measuring the switch point */
+    const char *a = kind == MW__COLL_ALLREDUCE ? getenv("MW_ALLREDUCE_ALGO") : NULL;
+    if (a && !strcmp(a, "rd"))
+        return MW__ALGO_RECURSIVE_DOUBLING;
+    if (a && !strcmp(a, "direct"))
+        return MW__ALGO_DIRECT;
+    return MW__ALGO_AUTO;
+}
+
+static int register_user(mw_comm_t *comm, const void *p, size_t bytes, mw_mr_t **mr)
+{
+    return bytes ? mw_reg(comm->ctx, (void *)p, bytes, mr) : 0;
+}
+
+/* Where the result lives and what the input is; 0 or a negative errno. */
+static int setup_buffers(struct mw__run *k, const void *in, void *out)
+{
+    mw_comm_t *comm = k->comm;
+    const struct mw__sched_bufs *b = &k->s.bufs;
+    size_t res_bytes = b->res_len * k->esz, in_bytes = b->in_len * k->esz;
+    if ((b->res_len && res_bytes / b->res_len != k->esz) || (b->ans_len && !out) ||
+        (b->in_len && !in))
+        return -EINVAL;
+    k->out = out;
+    if (b->res_len && b->ans_off == 0 && b->ans_len == b->res_len) {
+        k->res = out;
+    } else if (b->res_len && !(k->res = k->work = mw_alloc(comm->ctx, res_bytes))) {
+        return -ENOMEM;
+    }
+    k->in = in;
+    if (b->in_len && k->res) {
+        const uint8_t *i8 = in, *r8 = k->res;
+        bool overlap = i8 < r8 + res_bytes && r8 < i8 + in_bytes;
+        ptrdiff_t shift = (i8 - r8) / (ptrdiff_t)k->esz;
+        if (overlap && ((i8 - r8) % (ptrdiff_t)k->esz || !mw__sched_alias_ok(&k->s, shift))) {
+            if (!(k->in_copy = mw_alloc(comm->ctx, in_bytes)))
+                return -ENOMEM;
+            memcpy(k->in_copy, in, in_bytes);
+            k->in = k->in_copy;
+        }
+    }
+    int rc = 0;
+    if (k->in != k->in_copy)
+        rc = register_user(comm, k->in, in_bytes, &k->mr_in);
+    if (!rc && k->res == out)
+        rc = register_user(comm, out, res_bytes, &k->mr_out);
+    return rc;
+}
+
+static int setup_stage(struct mw__run *k)
+{
+    size_t max = 0;
+    for (int i = 0; i < k->s.nsteps; i++) {
+        const struct mw__step *st = &k->s.steps[i];
+        if (st->send_to >= 0 && st->send_from == MW__BUF_RESULT && st->send_len > max)
+            max = st->send_len;
+    }
+    if (max && !(k->stage = mw_alloc(k->comm->ctx, max * k->esz)))
+        return -ENOMEM;
+    return 0;
+}
+
+static mw_future_t *start(mw_comm_t *comm, enum mw__coll_kind kind, const void *in, void *out,
+                          size_t count, mw_dtype_t dt, mw_op_t op, int root)
+{
+    mw_future_t *f = comm ? mw_future_new(comm->ctx) : NULL;
+    if (!f)
+        return NULL;
+    struct mw__run *k = NULL;
+    int rc = comm->err ? comm->err : -EINVAL;
+    const char *why = comm->err ? comm->why : "bad type, op or root";
+    bool reducing = kind == MW__COLL_REDUCE || kind == MW__COLL_ALLREDUCE ||
+                    kind == MW__COLL_REDUCE_SCATTER;
+    if (!comm->err && mw_dtype_size(dt) && (!reducing || (unsigned)op < MW_OP_COUNT) &&
+        (k = calloc(1, sizeof *k))) {
+        *k = (struct mw__run){.comm = comm, .dt = dt, .op = op, .esz = mw_dtype_size(dt),
+                               .count = count};
+        rc = mw__sched_build(kind, algo_for(kind), comm->nranks, comm->rank, root, count, &k->s);
+        why = rc == -ENOMEM ? "no memory" : "bad count or root";
+        if (!rc && (rc = setup_buffers(k, in, out)) < 0)
+            why = rc == -EINVAL ? "NULL buffer or size overflow" : "cannot register the buffers";
+        if (!rc && (rc = setup_stage(k)) < 0)
+            why = "no memory";
+    } else if (!comm->err && mw_dtype_size(dt)) {
+        rc = k ? rc : -EINVAL;
+    }
+    if (rc) {
+        mw_future_fail(f, rc, "%s: %s", mw__coll_name(kind), why);
+        if (k)
+            mw__coll_discard(k);
+        return f;
+    }
+    k->chunk_elems = comm->opts.slot_size / k->esz;
+    k->seq = comm->seq++;
+    k->sig_base = mw__coll_signature(kind, dt, op, count, root);
+    k->f = mw_future_ref(f);
+    mw__coll_enqueue(comm, k);
+    return f;
+}
+
+mw_future_t *mw_barrier(mw_comm_t *comm)
+{
+    return start(comm, MW__COLL_BARRIER, NULL, NULL, 0, MW_UINT8, MW_SUM, 0);
+}
+
+mw_future_t *mw_broadcast(mw_comm_t *comm, void *buf, size_t count, mw_dtype_t dt, int root)
+{
+    return start(comm, MW__COLL_BROADCAST, buf, buf, count, dt, MW_SUM, root);
+}
+
+mw_future_t *mw_reduce(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
+                       mw_op_t op, int root)
+{
+    return start(comm, MW__COLL_REDUCE, in, out, count, dt, op, root);
+}
+
+mw_future_t *mw_allreduce(mw_comm_t *comm, const void *in, void *out, size_t count,
+                          mw_dtype_t dt, mw_op_t op)
+{
+    return start(comm, MW__COLL_ALLREDUCE, in, out, count, dt, op, 0);
+}
+
+mw_future_t *mw_allgather(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt)
+{
+    return start(comm, MW__COLL_ALLGATHER, in, out, count, dt, MW_SUM, 0);
+}
+
+mw_future_t *mw_reduce_scatter(mw_comm_t *comm, const void *in, void *out, size_t count,
+                               mw_dtype_t dt, mw_op_t op)
+{
+    return start(comm, MW__COLL_REDUCE_SCATTER, in, out, count, dt, op, 0);
+}
+
+mw_future_t *mw_gather(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
+                       int root)
+{
+    return start(comm, MW__COLL_GATHER, in, out, count, dt, MW_SUM, root);
+}
+
+mw_future_t *mw_scatter(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
+                        int root)
+{
+    return start(comm, MW__COLL_SCATTER, in, out, count, dt, MW_SUM, root);
+}
+
+mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt)
+{
+    return start(comm, MW__COLL_ALLTOALL, in, out, count, dt, MW_SUM, 0);
+}

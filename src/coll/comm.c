@@ -1,0 +1,463 @@
+/* Creating a communicator: rank i connects to the ranks below it (retrying
+ * while they start) and accepts those above; over each connection the two
+ * ranks exchange a hello -- who they are, the scratch geometry, and the
+ * registered scratch region the other will write into.  Then one receive
+ * stays pending on every connection: with the keepalive it turns a peer's
+ * death into a failure of everything in flight. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "coll/comm.h"
+#include "core/ctx.h"
+
+#define HELLO_MAGIC 0x4d57434du   /* "MWCM" */
+#define RETRY_MS 200
+
+struct hello {                    /* the first message each way */
+    uint32_t magic, rank, nranks, slots, slot_size, pad;
+    mw_remote_t scratch;
+};
+
+void mw_comm_opts_init(mw_comm_opts_t *o)
+{
+    *o = (mw_comm_opts_t){.timeout_ms = 60000, .slot_size = 1u << 20, .slots = 4};
+    mw_conn_opts_init(&o->conn);
+}
+
+int mw_comm_rank(const mw_comm_t *comm) { return comm->rank; }
+int mw_comm_size(const mw_comm_t *comm) { return comm->nranks; }
+
+static void release(mw_comm_t *comm);
+
+void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
+{
+    if (!comm->err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(comm->why, sizeof comm->why, fmt, ap);
+        va_end(ap);
+        comm->err = err;
+        /* freed by its owner, or a peer that left: ordinary ends */
+        bool ordinary = err == -ECANCELED || err == -ECONNRESET;
+        MW_LOG(comm->ctx, ordinary ? MW_LOG_INFO : MW_LOG_WARN, "communicator rank %d/%d: %s",
+               comm->rank, comm->nranks, comm->why);
+    }
+    mw__coll_fail_all(comm, err, comm->why);
+    if (comm->create_f) {         /* nobody will ever own it: let go */
+        mw_future_fail(comm->create_f, err, "rank %d: %s", comm->rank, comm->why);
+        mw_future_unref(comm->create_f);
+        comm->create_f = NULL;
+        release(comm);
+    }
+}
+
+/* --- lifetime ------------------------------------------------------------ */
+
+/* Callbacks of connects, hellos and watches may come after the owner freed
+ * the communicator (or after its creation failed): each holds a reference,
+ * and finds comm->freed set. */
+void mw__comm_ref(mw_comm_t *comm)
+{
+    comm->refs++;
+}
+
+void mw__comm_unref(mw_comm_t *comm)
+{
+    if (--comm->refs > 0)
+        return;
+    for (int r = 0; r < comm->nranks; r++) {
+        mw_free(comm->ctx, comm->peers[r].scratch);
+        free(comm->peers[r].imm);
+    }
+    if (comm->deadline)
+        event_free(comm->deadline);
+    free(comm->peers);
+    free(comm);
+}
+
+/* --- liveness ------------------------------------------------------------ */
+
+void mw__peer_gone(struct mw__peer *p, int err, const char *why)
+{
+    if (!p->gone) {
+        p->gone = err ? err : -ECONNRESET;
+        snprintf(p->gone_why, sizeof p->gone_why, "rank %d: %s", p->rank, why);
+        MW_LOG(p->comm->ctx, MW_LOG_INFO, "communicator rank %d: %s", p->comm->rank, p->gone_why);
+    }
+    if (!p->comm->freed)
+        mw__coll_advance(p->comm);
+}
+
+struct mw__watch {
+    struct mw__peer *p;           /* NULL once the communicator let go */
+    mw_future_t *f;
+};
+
+/* No messages travel after the hello: a receive completing means the peer
+ * broke the protocol; failing means the connection is gone. */
+static void on_watch(mw_future_t *f, void *arg)
+{
+    struct mw__watch *w = arg;
+    struct mw__peer *p = w->p;
+    if (p) {
+        p->watch = NULL;
+        if (mw_future_state(f) == MW_FUTURE_DONE)
+            mw__comm_fail(p->comm, -EPROTO, "rank %d sent an unexpected message", p->rank);
+        else
+            mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
+    }
+    if (mw_future_state(f) == MW_FUTURE_DONE)
+        mw_msg_free(mw_future_value(f));
+    mw_future_unref(f);
+    free(w);
+}
+
+static void watch(struct mw__peer *p)
+{
+    struct mw__watch *w = malloc(sizeof *w);
+    if (!w)
+        return;
+    *w = (struct mw__watch){p, mw_recv(p->conn)};
+    if (!w->f || mw_future_then(w->f, on_watch, w) < 0) {
+        mw_future_unref(w->f);
+        free(w);
+        return;
+    }
+    p->watch = w;
+}
+
+/* --- hello --------------------------------------------------------------- */
+
+static size_t scratch_bytes(const mw_comm_t *comm)
+{
+    return (size_t)comm->opts.slots * comm->opts.slot_size;
+}
+
+static void free_arg(mw_future_t *f, void *arg)
+{
+    (void)f;
+    free(arg);
+}
+
+static int send_hello(mw_comm_t *comm, struct mw__peer *p)
+{
+    struct hello *m = malloc(sizeof *m);         /* lives until the send is done */
+    if (!m)
+        return -ENOMEM;
+    *m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
+                        .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
+                        .slot_size = comm->opts.slot_size};
+    int rc = mw_mem_export(p->conn, p->scratch, scratch_bytes(comm), &m->scratch);
+    mw_future_t *f = rc ? NULL : mw_send(p->conn, m, sizeof *m);
+    if (!f) {
+        free(m);
+        return rc ? rc : -ENOMEM;
+    }
+    mw_future_then(f, free_arg, m);
+    mw_future_unref(f);
+    return 0;
+}
+
+static const char *check_hello(const mw_comm_t *comm, const mw_msg_t *m, int expect_rank)
+{
+    const struct hello *h = m->data;
+    if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
+        return "not a communicator hello";
+    if ((int)h->nranks != comm->nranks)
+        return "nranks differs";
+    if (h->slots != comm->opts.slots || h->slot_size != comm->opts.slot_size)
+        return "scratch geometry differs";
+    if (expect_rank >= 0 ? (int)h->rank != expect_rank
+                         : ((int)h->rank <= comm->rank || (int)h->rank >= comm->nranks))
+        return "unexpected rank";
+    if (h->scratch.len < scratch_bytes(comm))
+        return "scratch too small";
+    return NULL;
+}
+
+static void peer_ready(struct mw__peer *p, const struct hello *h)
+{
+    mw_comm_t *comm = p->comm;
+    p->remote = h->scratch;
+    p->ready = true;
+    watch(p);
+    if (++comm->ready == comm->nranks - 1 && comm->create_f) {
+        event_del(comm->deadline);
+        mw_future_t *f = comm->create_f;
+        comm->create_f = NULL;
+        MW_LOG(comm->ctx, MW_LOG_INFO, "communicator rank %d/%d ready", comm->rank, comm->nranks);
+        mw_future_resolve(f, comm);
+        mw_future_unref(f);
+    }
+}
+
+static int alloc_peer(mw_comm_t *comm, int r, mw_conn_t *c)
+{
+    struct mw__peer *p = &comm->peers[r];
+    if (p->conn)
+        return -EEXIST;
+    p->conn = c;
+    p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm));
+    p->imm = calloc(comm->opts.slots, sizeof *p->imm);
+    if (!p->scratch || !p->imm)
+        return -ENOMEM;
+    /* Now, not when its hello is read: the peer may finish creating the
+     * communicator and write its first chunk right after its hello, and
+     * that chunk must find the handler. */
+    mw_conn_on_imm(c, mw__comm_on_imm, p);
+    return 0;
+}
+
+/* --- the ranks above: they connect to us --------------------------------- */
+
+struct accepting {
+    mw_comm_t *comm;
+    mw_conn_t *conn;
+};
+
+static void on_accepted_hello(mw_future_t *f, void *arg)
+{
+    struct accepting *a = arg;
+    mw_comm_t *comm = a->comm;
+    mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
+    const char *bad = comm->freed ? "communicator gone" : m ? check_hello(comm, m, -1) : "no hello";
+    int r = m && !bad ? (int)((struct hello *)m->data)->rank : -1;
+    if (!bad && alloc_peer(comm, r, a->conn) < 0)
+        bad = "duplicate rank or no memory";
+    if (bad) {
+        MW_LOG(comm->ctx, MW_LOG_WARN, "communicator rank %d: refused a peer: %s", comm->rank, bad);
+        mw_conn_abort(a->conn);
+    } else if (send_hello(comm, &comm->peers[r]) < 0) {
+        mw__comm_fail(comm, -ENOMEM, "cannot answer rank %d", r);
+    } else {
+        peer_ready(&comm->peers[r], m->data);
+    }
+    mw_msg_free(m);
+    mw_future_unref(f);
+    free(a);
+    mw__comm_unref(comm);
+}
+
+static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    mw_comm_t *comm = arg;
+    struct accepting *a = malloc(sizeof *a);
+    mw_future_t *f = a ? mw_recv(c) : NULL;
+    if (!f) {
+        free(a);
+        mw_conn_abort(c);
+        return;
+    }
+    *a = (struct accepting){comm, c};
+    mw__comm_ref(comm);
+    mw_future_then(f, on_accepted_hello, a);
+}
+
+/* --- the ranks below: we connect to them --------------------------------- */
+
+struct connecting {
+    mw_comm_t *comm;
+    int rank;
+    char addr[256];
+    struct event *retry;
+};
+
+static void try_connect(struct connecting *k);
+
+static void on_peer_hello(mw_future_t *f, void *arg)
+{
+    struct mw__peer *p = arg;
+    mw_comm_t *comm = p->comm;
+    mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
+    const char *bad = m ? check_hello(comm, m, p->rank) : mw_future_message(f);
+    if (comm->freed)
+        ;
+    else if (bad)
+        mw__comm_fail(comm, -EPROTO, "rank %d: %s", p->rank, bad);
+    else
+        peer_ready(p, m->data);
+    mw_msg_free(m);
+    mw_future_unref(f);
+    mw__comm_unref(comm);
+}
+
+static void on_connected(mw_future_t *f, void *arg)
+{
+    struct connecting *k = arg;
+    mw_comm_t *comm = k->comm;
+    bool ok = mw_future_state(f) == MW_FUTURE_DONE;
+    if (ok && comm->freed) {
+        mw_conn_abort(mw_future_value(f));
+    } else if (ok) {
+        mw_conn_t *c = mw_future_value(f);
+        struct mw__peer *p = &comm->peers[k->rank];
+        mw_future_t *h = NULL;
+        if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, p) < 0 || !(h = mw_recv(c))) {
+            mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
+        } else {
+            mw__comm_ref(comm);
+            mw_future_then(h, on_peer_hello, p);
+        }
+    } else if (comm->create_f && !comm->freed) {   /* not up yet: again shortly */
+        MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
+        struct timeval tv = {0, RETRY_MS * 1000};
+        event_add(k->retry, &tv);
+        mw_future_unref(f);
+        return;
+    }
+    mw_future_unref(f);
+    event_free(k->retry);
+    free(k);
+    mw__comm_unref(comm);
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    try_connect(arg);
+}
+
+static void try_connect(struct connecting *k)
+{
+    mw_future_t *f = mw_connect(k->comm->ctx, k->addr, &k->comm->opts.conn);
+    if (f)
+        mw_future_then(f, on_connected, k);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mw_comm_t *comm = arg;
+    char missing[96] = "";
+    for (int r = 0; r < comm->nranks; r++)
+        if (r != comm->rank && !comm->peers[r].ready)
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
+    mw__comm_fail(comm, -ETIMEDOUT, "after %u ms still missing ranks:%s", comm->opts.timeout_ms,
+                  missing);
+}
+
+/* The port this rank listens on: the one in its own entry. */
+static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
+{
+    char first[128];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(entry, ","), entry);
+    const char *colon = strrchr(first, ':');
+    const char *bracket = strrchr(first, ']');
+    if (colon && (!bracket || colon > bracket) && strchr(first, ':') == colon)
+        snprintf(buf, cap, "*%s", colon);           /* v4 or name with a port */
+    else if (colon && bracket && colon > bracket)
+        snprintf(buf, cap, "[::]%s", colon);        /* [v6]:port */
+    else
+        snprintf(buf, cap, "*:%u", dflt);
+    return 0;
+}
+
+static int start(mw_comm_t *comm, const char *const *peers)
+{
+    char la[64];
+    own_listen_addr(peers[comm->rank], comm->opts.conn.default_port, la, sizeof la);
+    int rc = mw_listen(comm->ctx, la, &comm->opts.conn, on_accept, comm, &comm->listener);
+    if (rc < 0)
+        return rc;
+    for (int r = 0; r < comm->rank; r++) {
+        struct connecting *k = calloc(1, sizeof *k);
+        if (!k)
+            return -ENOMEM;
+        *k = (struct connecting){.comm = comm, .rank = r};
+        snprintf(k->addr, sizeof k->addr, "%s", peers[r]);
+        if (!(k->retry = evtimer_new(comm->ctx->base, on_retry, k))) {
+            free(k);
+            return -ENOMEM;
+        }
+        mw__comm_ref(comm);
+        try_connect(k);
+    }
+    struct timeval tv = {comm->opts.timeout_ms / 1000, (comm->opts.timeout_ms % 1000) * 1000};
+    return event_add(comm->deadline, &tv) < 0 ? -EIO : 0;
+}
+
+mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *const *peers,
+                            const mw_comm_opts_t *opts)
+{
+    mw_future_t *f = ctx ? mw_future_new(ctx) : NULL;
+    if (!f)
+        return NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks || !peers) {
+        mw_future_fail(f, -EINVAL, "bad rank %d of %d or no peer list", rank, nranks);
+        return f;
+    }
+    for (int r = 0; r < nranks; r++)
+        if (!peers[r] || !*peers[r]) {
+            mw_future_fail(f, -EINVAL, "no address for rank %d", r);
+            return f;
+        }
+    mw_comm_t *comm = calloc(1, sizeof *comm);
+    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers))) {
+        free(comm);
+        mw_future_fail(f, -ENOMEM, "no memory");
+        return f;
+    }
+    comm->ctx = ctx;
+    comm->refs = 1;               /* the owner's, once the future hands it over */
+    comm->rank = rank;
+    comm->nranks = nranks;
+    if (opts)
+        comm->opts = *opts;
+    else
+        mw_comm_opts_init(&comm->opts);
+    mw__list_init(&comm->colls);
+    for (int r = 0; r < nranks; r++)
+        comm->peers[r] = (struct mw__peer){.comm = comm, .rank = r};
+    if (nranks == 1) {
+        mw_future_resolve(f, comm);
+        return f;
+    }
+    comm->create_f = mw_future_ref(f);
+    comm->deadline = evtimer_new(ctx->base, on_deadline, comm);
+    int rc = comm->deadline ? start(comm, peers) : -ENOMEM;
+    if (rc < 0)
+        mw__comm_fail(comm, rc, "cannot start: %s", mw_strerror(rc));
+    return f;
+}
+
+/* Let go of the mesh: connections aborted (their callbacks unhooked first),
+ * the owner's reference dropped; callbacks still in flight hold their own. */
+static void release(mw_comm_t *comm)
+{
+    comm->freed = true;
+    for (int r = 0; r < comm->nranks; r++) {
+        struct mw__peer *p = &comm->peers[r];
+        if (p->watch) {
+            p->watch->p = NULL;
+            p->watch = NULL;
+        }
+        if (p->conn) {            /* graceful: our last acks still go out */
+            mw_conn_on_imm(p->conn, NULL, NULL);
+            mw_future_unref(mw_conn_close(p->conn));
+        }
+        p->conn = NULL;
+    }
+    if (comm->deadline)
+        event_del(comm->deadline);
+    if (comm->listener)           /* now: the context may go before the last ref */
+        mw_listener_free(comm->listener);
+    comm->listener = NULL;
+    mw__comm_unref(comm);
+}
+
+void mw_comm_free(mw_comm_t *comm)
+{
+    if (!comm || comm->freed)
+        return;
+    mw__comm_fail(comm, -ECANCELED, "communicator freed");
+    if (!comm->freed)
+        release(comm);
+}

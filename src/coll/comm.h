@@ -1,0 +1,65 @@
+/* Communicators, internal side: the mesh of connections, each peer's
+ * scratch slots, and the queue of collectives executed in issue order. */
+#ifndef MW_COLL_COMM_H
+#define MW_COLL_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "meshwire.h"
+#include "core/list.h"
+
+struct mw__run;
+
+/* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
+ * slots round robin; RC delivers a connection's writes in order, so the
+ * n-th chunk written is in slot n % slots at both ends, and an ack (a
+ * zero-length write with immediate) frees the oldest slot. */
+struct mw__peer {
+    struct mw_comm *comm;
+    int rank;
+    mw_conn_t *conn;
+    mw_remote_t remote;           /* its scratch, which I write into */
+    uint8_t *scratch;             /* mine, which it writes into */
+    uint64_t sent, acked;         /* chunks written to it / acks it returned */
+    uint64_t written;             /* of those, writes completed (in order: RC) */
+    uint64_t arrived, consumed;   /* chunks it wrote to me / I have taken */
+    uint32_t *imm;                /* immediates of arrived chunks, by slot */
+    struct mw__watch *watch;      /* a receive always pending: liveness */
+    bool ready;
+    int gone;                     /* why the peer is unreachable (0: it is not) */
+    char gone_why[160];
+};
+
+struct mw_comm {
+    mw_ctx_t *ctx;
+    int refs;                     /* the owner, and each callback in flight */
+    bool freed;                   /* the owner let go: callbacks do nothing */
+    int rank, nranks;
+    mw_comm_opts_t opts;
+    struct mw__peer *peers;       /* indexed by rank; peers[rank] unused */
+    mw_listener_t *listener;
+    mw_future_t *create_f;
+    struct event *deadline;
+    int ready;                    /* peers whose hello and scratch arrived */
+    int err;                      /* the mesh broke: every collective fails */
+    char why[160];
+    uint8_t seq;                  /* of the next collective, on the wire */
+    struct mw__list colls;        /* in issue order; the head executes */
+};
+
+/* comm.c */
+/* mw__peer_gone() - @p left or broke: collectives that still need it fail
+ * (when they get to it); those that are past it finish. */
+void mw__peer_gone(struct mw__peer *p, int err, const char *why);
+void mw__comm_ref(mw_comm_t *comm);
+void mw__comm_unref(mw_comm_t *comm);
+void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* exec.c */
+void mw__coll_advance(mw_comm_t *comm);
+void mw__coll_fail_all(mw_comm_t *comm, int err, const char *why);
+void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg);
+
+#endif

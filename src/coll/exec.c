@@ -1,0 +1,274 @@
+/* Running collectives: the head of the communicator's queue executes its
+ * schedule (coll/sched.h) step by step.  A step's data moves in chunks of at
+ * most one scratch slot, by RDMA WRITE WITH IMMEDIATE into the peer's
+ * scratch; the peer applies each chunk (copy or reduce into its result) and
+ * acks it with a zero-length write with immediate, which frees the slot.
+ * The immediate carries the collective's sequence number and a signature of
+ * (kind, type, op, count, root, step): a rank running something else is
+ * caught on its first chunk instead of corrupting anyone's data. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/comm.h"
+#include "coll/exec.h"
+#include "coll/reduce.h"
+#include "coll/sched.h"
+#include "core/ctx.h"
+
+#define IMM_ACK (1u << 31)
+
+static uint32_t hash32(uint32_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        h = (h ^ (uint8_t)v) * 16777619u;     /* FNV-1a */
+    return h;
+}
+
+static uint32_t imm_of(const struct mw__run *k, int step)
+{
+    uint32_t sig = hash32(k->sig_base, (uint64_t)step) & 0x7fffffu;
+    return (uint32_t)k->seq << 23 | sig;
+}
+
+void mw__coll_discard(struct mw__run *k)
+{
+    mw_comm_t *comm = k->comm;
+    mw__sched_free(&k->s);
+    mw_free(comm->ctx, k->work);
+    mw_free(comm->ctx, k->in_copy);
+    mw_free(comm->ctx, k->stage);
+    if (k->mr_in)
+        mw_dereg(comm->ctx, k->mr_in);
+    if (k->mr_out)
+        mw_dereg(comm->ctx, k->mr_out);
+    free(k);
+}
+
+static void finish(struct mw__run *k, int err, const char *why)
+{
+    mw_comm_t *comm = k->comm;
+    if (err)
+        mw_future_fail(k->f, err, "%s on rank %d: %s", mw__coll_name(k->s.kind), comm->rank, why);
+    else
+        mw_future_resolve(k->f, NULL);
+    mw_future_unref(k->f);
+    mw__list_del(&k->link);
+    mw__coll_discard(k);
+    mw__comm_unref(comm);
+}
+
+uint32_t mw__coll_signature(int kind, mw_dtype_t dt, mw_op_t op, size_t count, int root)
+{
+    uint32_t h = 2166136261u;
+    h = hash32(h, (uint64_t)kind);
+    h = hash32(h, (uint64_t)dt);
+    h = hash32(h, (uint64_t)op);
+    h = hash32(h, (uint64_t)count);
+    return hash32(h, (uint64_t)root);
+}
+
+void mw__coll_enqueue(mw_comm_t *comm, struct mw__run *k)
+{
+    mw__list_add_tail(&comm->colls, &k->link);
+    mw__comm_ref(comm);
+    mw__coll_advance(comm);
+}
+
+void mw__coll_fail_all(mw_comm_t *comm, int err, const char *why)
+{
+    while (!mw__list_empty(&comm->colls))
+        finish(mw__container_of(comm->colls.next, struct mw__run, link), err, why);
+}
+
+/* --- one step ------------------------------------------------------------- */
+
+static size_t chunks_of(const struct mw__run *k, size_t len)
+{
+    return len ? (len + k->chunk_elems - 1) / k->chunk_elems : 1;
+}
+
+static bool overlaps(size_t a, size_t alen, size_t b, size_t blen)
+{
+    return alen && blen && a < b + blen && b < a + alen;
+}
+
+static int start_step(struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    k->s_chunks = st->send_to >= 0 ? chunks_of(k, st->send_len) : 0;
+    k->r_chunks = st->recv_from >= 0 ? chunks_of(k, st->recv_len) : 0;
+    k->s_posted = k->r_done = 0;
+    k->s_base = st->send_to >= 0 ? k->comm->peers[st->send_to].sent : 0;
+    k->src = (st->send_from == MW__BUF_INPUT ? k->in : k->res) + st->send_off * k->esz;
+    /* A step that sends and receives the same result range sends a copy,
+     * so receives can be applied at once (waiting for the own send could
+     * deadlock a ring once chunks outnumber slots). */
+    if (st->send_to >= 0 && st->recv_from >= 0 && st->send_from == MW__BUF_RESULT &&
+        overlaps(st->send_off, st->send_len, st->recv_off, st->recv_len)) {
+        memcpy(k->stage, k->src, st->send_len * k->esz);
+        k->src = k->stage;
+    }
+    k->started = true;
+    return 0;
+}
+
+/* A chunk's write completed.  The argument is the peer, not the
+ * collective: a failed collective may be gone while its writes finish. */
+static void on_chunk_written(mw_future_t *f, void *arg)
+{
+    struct mw__peer *p = arg;
+    mw_comm_t *comm = p->comm;
+    if (mw_future_error(f))
+        mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
+    else
+        p->written++;
+    if (!comm->freed)
+        mw__coll_advance(comm);
+    mw__comm_unref(comm);
+}
+
+static bool sends_done(const struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    return st->send_to < 0 ||
+           (k->s_posted == k->s_chunks && k->comm->peers[st->send_to].written >= k->s_base + k->s_chunks);
+}
+
+static void post_sends(struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    struct mw__peer *p = &k->comm->peers[st->send_to];
+    while (k->s_posted < k->s_chunks && p->sent - p->acked < k->comm->opts.slots) {
+        size_t off = k->s_posted * k->chunk_elems;
+        size_t n = st->send_len - off < k->chunk_elems ? st->send_len - off : k->chunk_elems;
+        uint64_t slot = p->sent % k->comm->opts.slots;
+        mw_future_t *f = mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL, n * k->esz,
+                                      &p->remote, slot * k->comm->opts.slot_size,
+                                      imm_of(k, k->step));
+        if (!f) {
+            mw__comm_fail(k->comm, -ENOMEM, "no memory");
+            return;
+        }
+        p->sent++;
+        k->s_posted++;
+        mw__comm_ref(k->comm);
+        mw_future_then(f, on_chunk_written, p);
+        mw_future_unref(f);
+    }
+}
+
+static void send_ack(struct mw__peer *p)
+{
+    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK);
+    mw_future_unref(f);           /* a failure fails the connection, and the watch sees it */
+}
+
+/* Apply what has arrived from this step's peer; false on a mismatch. */
+static bool take_receives(struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    struct mw__peer *p = &k->comm->peers[st->recv_from];
+    unsigned slots = k->comm->opts.slots;
+    while (k->r_done < k->r_chunks && p->arrived > p->consumed) {
+        uint32_t imm = p->imm[p->consumed % slots];
+        if (imm != imm_of(k, k->step)) {
+            mw__comm_fail(k->comm, -EPROTO,
+                          "rank %d is running a different collective (or count, type, op, root)",
+                          p->rank);
+            return false;
+        }
+        size_t off = k->r_done * k->chunk_elems;
+        size_t n = st->recv_len - off < k->chunk_elems ? st->recv_len - off : k->chunk_elems;
+        const uint8_t *from = p->scratch + (p->consumed % slots) * k->comm->opts.slot_size;
+        uint8_t *to = k->res + (st->recv_off + off) * k->esz;
+        if (st->recv_action == MW__RECV_REDUCE)
+            mw__reduce(to, from, n, k->dt, k->op);
+        else if (n)
+            memcpy(to, from, n * k->esz);
+        p->consumed++;
+        k->r_done++;
+        send_ack(p);
+    }
+    return true;
+}
+
+static void local_copy(struct mw__run *k)
+{
+    const struct mw__sched_copy *c = &k->s.copy;
+    if (c->len && c->at == k->step)
+        memmove(k->res + c->dst * k->esz, k->in + c->src * k->esz, c->len * k->esz);
+}
+
+/* A peer this step still needs, if it is gone: its sends not all written,
+ * or its chunks not all arrived. */
+static const struct mw__peer *peer_still_needed_but_gone(const struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    const struct mw__peer *peers = k->comm->peers;
+    if (st->send_to >= 0 && peers[st->send_to].gone && !sends_done(k))
+        return &peers[st->send_to];
+    if (st->recv_from >= 0 && peers[st->recv_from].gone) {
+        const struct mw__peer *p = &peers[st->recv_from];
+        if (k->r_done + (p->arrived - p->consumed) < k->r_chunks)
+            return p;
+    }
+    return NULL;
+}
+
+/* Run the head collective as far as it can go now; returns true when it
+ * finished (the next one may start). */
+static bool advance_one(struct mw__run *k)
+{
+    while (k->step < k->s.nsteps) {
+        if (!k->started) {
+            local_copy(k);
+            start_step(k);
+        }
+        const struct mw__step *st = &k->s.steps[k->step];
+        const struct mw__peer *lost = peer_still_needed_but_gone(k);
+        if (lost) {
+            finish(k, lost->gone, lost->gone_why);
+            return true;
+        }
+        if (st->send_to >= 0)
+            post_sends(k);
+        if (st->recv_from >= 0 && !take_receives(k))
+            return true;          /* failed: finish() ran through mw__comm_fail */
+        if (!sends_done(k) || k->r_done < k->r_chunks)
+            return false;
+        k->step++;
+        k->started = false;
+    }
+    local_copy(k);                /* a copy placed after the last step */
+    if (k->out != k->res && k->s.bufs.ans_len)
+        memcpy(k->out, k->res + k->s.bufs.ans_off * k->esz, k->s.bufs.ans_len * k->esz);
+    finish(k, 0, NULL);
+    return true;
+}
+
+void mw__coll_advance(mw_comm_t *comm)
+{
+    while (!comm->err && !mw__list_empty(&comm->colls)) {
+        struct mw__run *k = mw__container_of(comm->colls.next, struct mw__run, link);
+        if (!advance_one(k))
+            return;
+    }
+}
+
+void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
+{
+    (void)c;
+    struct mw__peer *p = arg;
+    mw_comm_t *comm = p->comm;
+    if (imm & IMM_ACK) {
+        p->acked++;
+    } else if (p->arrived - p->consumed >= comm->opts.slots) {
+        mw__comm_fail(comm, -EPROTO, "rank %d overran its scratch slots", p->rank);
+        return;
+    } else {
+        p->imm[p->arrived++ % comm->opts.slots] = imm;
+    }
+    mw__coll_advance(comm);
+}

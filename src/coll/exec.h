@@ -1,0 +1,43 @@
+/* The executor's record of one collective, shared by coll.c (which builds
+ * it) and exec.c (which runs it). */
+#ifndef MW_COLL_EXEC_H
+#define MW_COLL_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "coll/comm.h"
+#include "coll/sched.h"
+
+struct mw__run {
+    struct mw__list link;
+    mw_comm_t *comm;
+    mw_future_t *f;
+    struct mw__sched s;
+    mw_dtype_t dt;
+    mw_op_t op;
+    size_t esz, count;
+    uint8_t seq;
+    uint32_t sig_base;
+    const uint8_t *in;
+    uint8_t *res;                 /* the user's output, or work below */
+    uint8_t *out;                 /* where the answer goes */
+    uint8_t *work, *in_copy, *stage;
+    mw_mr_t *mr_in, *mr_out;
+    /* the step in progress */
+    int step;
+    bool started;
+    const uint8_t *src;           /* of this step's send */
+    size_t s_chunks, s_posted, r_chunks, r_done, chunk_elems;
+    uint64_t s_base;              /* the send peer's 'sent' when the step began */
+};
+
+/* Queue @k (its future set) behind the collectives in flight; it holds a
+ * reference on @comm until it finishes. */
+void mw__coll_enqueue(mw_comm_t *comm, struct mw__run *k);
+/* Release what @k holds, without touching its future (never queued). */
+void mw__coll_discard(struct mw__run *k);
+/* What both sides of every chunk must agree on. */
+uint32_t mw__coll_signature(int kind, mw_dtype_t dt, mw_op_t op, size_t count, int root);
+
+#endif

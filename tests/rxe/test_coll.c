@@ -1,0 +1,290 @@
+/* Collectives on real soft-RoCE, ranks as processes in one node: every
+ * collective, type and op against a reference, at sizes 0, 1, 7, 4096 and
+ * 1 MiB+3 elements, for 1, 2, 3, 4, 5 and 8 ranks; several collectives in
+ * flight at once; a rank that calls a different collective is caught. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "meshwire.h"
+#include "coll/reduce.h"
+#include "coll_data.h"
+#include "rxe_util.h"
+
+extern char **environ;
+static const char *addrs[2];
+static char self_path[4096];
+static int failures;
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "rank check failed: " __VA_ARGS__);               \
+            fprintf(stderr, "\n");                                            \
+            failures++;                                                       \
+        }                                                                     \
+    } while (0)
+
+static int wait_ok(mw_future_t *f, const char *what)
+{
+    if (getenv("MW_TEST_TRACE"))
+        fprintf(stderr, "[%d] %s\n", (int)getpid(), what);
+    mw_future_set_timeout(f, 60000);        /* a hang is a failure with a name */
+    int rc = mw_wait(f);
+    if (rc)
+        fprintf(stderr, "%s: %s: %s\n", what, mw_strerror(rc), mw_future_message(f));
+    mw_future_unref(f);
+    return rc;
+}
+
+static void check_allreduce(mw_comm_t *comm, mw_dtype_t dt, mw_op_t op, size_t n, bool inplace)
+{
+    int N = mw_comm_size(comm), r = mw_comm_rank(comm);
+    size_t es = mw_dtype_size(dt);
+    uint8_t *in = malloc(n * es + 1), *out = inplace ? in : malloc(n * es + 1);
+    fill(in, dt, n, r, n);
+    if (wait_ok(mw_allreduce(comm, in, out, n, dt, op), "allreduce")) {
+        failures++;
+    } else {
+        void *ref = reference(dt, op, n, N, n);
+        CHECK(!memcmp(out, ref, n * es), "allreduce %s %s n=%zu%s", mw_dtype_name(dt),
+              mw_op_name(op), n, inplace ? " in place" : "");
+        free(ref);
+    }
+    if (!inplace)
+        free(out);
+    free(in);
+}
+
+static void check_rooted_and_gathers(mw_comm_t *comm, size_t n)
+{
+    int N = mw_comm_size(comm), r = mw_comm_rank(comm), root = N - 1;
+    size_t es = 4;
+    /* broadcast from the last rank */
+    int32_t *b = calloc(n + 1, es), *want = calloc(n + 1, es);
+    fill(want, MW_INT32, n, root, 1);
+    if (r == root)
+        memcpy(b, want, n * es);
+    if (!wait_ok(mw_broadcast(comm, b, n, MW_INT32, root), "broadcast"))
+        CHECK(!memcmp(b, want, n * es), "broadcast n=%zu", n);
+    /* reduce to it */
+    int32_t *in = calloc(n + 1, es), *out = calloc(n + 1, es);
+    fill(in, MW_INT32, n, r, 2);
+    if (!wait_ok(mw_reduce(comm, in, r == root ? out : NULL, n, MW_INT32, MW_SUM, root), "reduce") &&
+        r == root) {
+        void *ref = reference(MW_INT32, MW_SUM, n, N, 2);
+        CHECK(!memcmp(out, ref, n * es), "reduce n=%zu", n);
+        free(ref);
+    }
+    /* allgather: rank b's block holds b's input */
+    int32_t *all = calloc(N * n + 1, es);
+    fill(in, MW_INT32, n, r, 3);
+    if (!wait_ok(mw_allgather(comm, in, all, n, MW_INT32), "allgather"))
+        for (int q = 0; q < N; q++) {
+            fill(want, MW_INT32, n, q, 3);
+            CHECK(!memcmp(all + q * n, want, n * es), "allgather block %d n=%zu", q, n);
+        }
+    /* reduce_scatter: rank r gets block r of the sum */
+    size_t total = n * N + (size_t)(N > 1);          /* not divisible by N */
+    int32_t *rin = calloc(total + 1, es), *rout = calloc(total + 1, es);
+    fill(rin, MW_INT32, total, r, 4);
+    if (!wait_ok(mw_reduce_scatter(comm, rin, rout, total, MW_INT32, MW_SUM), "reduce_scatter")) {
+        int32_t *ref = reference(MW_INT32, MW_SUM, total, N, 4);
+        size_t off = (total / N) * r + ((size_t)r < total % N ? (size_t)r : total % N);
+        size_t len = total / N + ((size_t)r < total % N);
+        CHECK(!memcmp(rout, ref + off, len * es), "reduce_scatter n=%zu", total);
+        free(ref);
+    }
+    /* gather to / scatter from rank 1 % N; alltoall */
+    int g = 1 % N;
+    memset(all, 0, N * n * es + 1);
+    fill(in, MW_INT32, n, r, 5);
+    if (!wait_ok(mw_gather(comm, in, r == g ? all : NULL, n, MW_INT32, g), "gather") && r == g)
+        for (int q = 0; q < N; q++) {
+            fill(want, MW_INT32, n, q, 5);
+            CHECK(!memcmp(all + q * n, want, n * es), "gather block %d n=%zu", q, n);
+        }
+    for (int q = 0; q < N && r == g; q++)
+        fill(all + q * n, MW_INT32, n, q, 6);
+    if (!wait_ok(mw_scatter(comm, r == g ? all : NULL, out, n, MW_INT32, g), "scatter")) {
+        fill(want, MW_INT32, n, r, 6);
+        CHECK(!memcmp(out, want, n * es), "scatter n=%zu", n);
+    }
+    int32_t *a_in = calloc(N * n + 1, es), *a_out = calloc(N * n + 1, es);
+    for (int q = 0; q < N; q++)
+        fill(a_in + q * n, MW_INT32, n, r * 100 + q, 7);   /* what r sends to q */
+    if (!wait_ok(mw_alltoall(comm, a_in, a_out, n, MW_INT32), "alltoall"))
+        for (int q = 0; q < N; q++) {
+            fill(want, MW_INT32, n, q * 100 + r, 7);
+            CHECK(!memcmp(a_out + q * n, want, n * es), "alltoall from %d n=%zu", q, n);
+        }
+    free(a_in), free(a_out), free(rin), free(rout), free(all), free(in), free(out), free(b),
+        free(want);
+}
+
+/* Several collectives issued at once complete, in issue order. */
+static int done_order[16], ndone;
+static void record_done(mw_future_t *f, void *arg)
+{
+    (void)f;
+    done_order[ndone++] = (int)(intptr_t)arg;
+}
+
+static void check_in_flight(mw_ctx_t *ctx, mw_comm_t *comm)
+{
+    enum { K = 6 };
+    size_t n = 1000;
+    float *bufs[K];
+    mw_future_t *fs[K];
+    ndone = 0;
+    for (int i = 0; i < K; i++) {
+        bufs[i] = malloc(n * sizeof(float));
+        fill(bufs[i], MW_F32, n, mw_comm_rank(comm), i);
+        fs[i] = mw_allreduce(comm, bufs[i], bufs[i], n, MW_F32, MW_SUM);
+        mw_future_then(fs[i], record_done, (void *)(intptr_t)i);
+    }
+    for (int i = 0; i < K; i++) {
+        if (wait_ok(mw_future_ref(fs[i]), "in flight")) {
+            failures++;
+            continue;
+        }
+        float *ref = reference(MW_F32, MW_SUM, n, mw_comm_size(comm), i);
+        CHECK(!memcmp(bufs[i], ref, n * sizeof(float)), "in-flight allreduce %d", i);
+        free(ref);
+    }
+    for (int i = 0; i < K; i++) {
+        mw_future_unref(fs[i]);
+        free(bufs[i]);
+    }
+    for (int i = 0; i < 100 && ndone < K; i++) {   /* callbacks run a turn later */
+        mw_future_t *t = mw_future_new(ctx);
+        mw_future_set_timeout(t, 10);
+        mw_wait(t);
+        mw_future_unref(t);
+    }
+    CHECK(ndone == K, "%d of %d in-flight collectives reported done", ndone, K);
+    for (int i = 0; i < ndone; i++)
+        CHECK(done_order[i] == i, "in-flight collective %d completed in place %d", done_order[i], i);
+}
+
+static int run_rank(int rank, int nranks, int port, const char *mode)
+{
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        return 2;
+    char *peers[16];
+    for (int r = 0; r < nranks; r++) {
+        peers[r] = malloc(64);
+        snprintf(peers[r], 64, "%s:%d", addrs[1], port + r);
+    }
+    mw_comm_opts_t o;
+    mw_comm_opts_init(&o);
+    o.timeout_ms = 30000;
+    o.slot_size = 64 << 10;                 /* many chunks per step: pipelining */
+    mw_future_t *cf = mw_comm_create(ctx, rank, nranks, (const char *const *)peers, &o);
+    if (mw_wait(cf)) {
+        fprintf(stderr, "rank %d: comm_create: %s\n", rank, mw_future_message(cf));
+        return 3;
+    }
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    if (!strcmp(mode, "mismatch")) {
+        /* the last rank calls a different collective: everyone must fail */
+        size_t n = 100;
+        float *x = calloc(n, sizeof *x);
+        mw_future_t *f = rank == nranks - 1 ? mw_allreduce(comm, x, x, n + 1, MW_F32, MW_SUM)
+                                            : mw_allreduce(comm, x, x, n, MW_F32, MW_SUM);
+        mw_future_set_timeout(f, 20000);
+        int rc = mw_wait(f);
+        fprintf(stderr, "rank %d: mismatched allreduce: %s (%s)\n", rank, mw_strerror(rc),
+                mw_future_message(f));
+        failures += rc == 0 || rc == -ETIMEDOUT;
+        mw_future_unref(f);
+        free(x);
+    } else {
+        if (wait_ok(mw_barrier(comm), "barrier"))
+            failures++;
+        const size_t sizes[] = {0, 1, 7, 4096};
+        for (size_t s = 0; s < 4; s++)
+            for (int dt = 0; dt < MW_DTYPE_COUNT; dt++)
+                for (int op = 0; op < MW_OP_COUNT; op++)
+                    check_allreduce(comm, dt, op, sizes[s], (dt + op) % 2);
+        check_allreduce(comm, MW_F32, MW_SUM, (1 << 20) + 3, false);
+        check_allreduce(comm, MW_BF16, MW_MAX, (1 << 20) + 3, true);
+        for (size_t s = 0; s < 4; s++)
+            check_rooted_and_gathers(comm, sizes[s]);
+        check_rooted_and_gathers(comm, (1 << 18) + 3);
+        check_in_flight(ctx, comm);
+        if (wait_ok(mw_barrier(comm), "final barrier"))
+            failures++;
+    }
+    mw_comm_free(comm);
+    mw_ctx_free(ctx);
+    for (int r = 0; r < nranks; r++)
+        free(peers[r]);
+    return failures ? 1 : 0;
+}
+
+static void run_ranks(int nranks, const char *mode)
+{
+    int port = 20000 + (getpid() * 7 + nranks * 131) % 20000;
+    pid_t pids[16];
+    char a[3][16];
+    for (int r = 1; r < nranks; r++) {
+        snprintf(a[0], 16, "%d", r);
+        snprintf(a[1], 16, "%d", nranks);
+        snprintf(a[2], 16, "%d", port);
+        char *argv[] = {self_path, "rank", a[0], a[1], a[2], (char *)mode, NULL};
+        assert_int_equal(posix_spawn(&pids[r], self_path, NULL, NULL, argv, environ), 0);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc0 = run_rank(0, nranks, port, mode);
+    int bad = rc0 != 0;
+    for (int r = 1; r < nranks; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("%d ranks, %s: %s in %.1f s\n", nranks, mode, bad ? "FAILED" : "ok",
+           (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+    assert_int_equal(bad, 0);
+}
+
+static void ranks_1(void **s) { (void)s; run_ranks(1, "all"); }
+static void ranks_2(void **s) { (void)s; run_ranks(2, "all"); }
+static void ranks_3(void **s) { (void)s; run_ranks(3, "all"); }
+static void ranks_4(void **s) { (void)s; run_ranks(4, "all"); }
+static void ranks_5(void **s) { (void)s; run_ranks(5, "all"); }
+static void ranks_8(void **s) { (void)s; run_ranks(8, "all"); }
+static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rxe_require(2, addrs);
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
+    if (argc == 6 && !strcmp(argv[1], "rank"))
+        return run_rank(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5]);
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ranks_1), cmocka_unit_test(ranks_2), cmocka_unit_test(ranks_3),
+        cmocka_unit_test(ranks_4), cmocka_unit_test(ranks_5), cmocka_unit_test(ranks_8),
+        cmocka_unit_test(mismatch_3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
