@@ -128,14 +128,24 @@ int mw__conn_setup_qp(mw_conn_t *c)
     return mw__msg_post_recvs(c);
 }
 
-void mw__conn_fill_hello(const mw_conn_t *c, struct mw__hello *h)
+/* Connection parameters carrying our handshake in @pd (kept by the caller
+ * until rdma_connect/rdma_accept returns).  Retries are finite: rnr_retry 7
+ * would mean forever (credits should make RNR impossible; if it happens,
+ * fail rather than hang). */
+void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {
-    *h = (struct mw__hello){
+    struct mw__hello h = {
         .magic = MW__HELLO_MAGIC,
         .version = MW__HELLO_VERSION,
         .purpose = MW__PURPOSE_P2P,
         .credits = c->opts.credits,
         .slot_size = c->opts.slot_size,
+    };
+    int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
+    *p = (struct rdma_conn_param){
+        .private_data = pd, .private_data_len = (uint8_t)len,
+        .responder_resources = 1, .initiator_depth = 1,
+        .retry_count = 7, .rnr_retry_count = 6,
     };
 }
 
@@ -289,6 +299,7 @@ void mw__conn_free(mw_conn_t *c)
     if (c->state == MW__CONN_FREED)
         return;
     c->state = MW__CONN_FREED;
+    mw__defer_cancel(c->ctx, &c->finish_task);
     mw__list_del(&c->link);
     if (c->timer)
         event_free(c->timer);

@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/time.h>
 
 #include "meshwire.h"
@@ -20,6 +21,7 @@ struct mw__ops;
 struct mw__task {
     void (*fn)(struct mw__task *t);
     struct mw__task *next;
+    uint64_t pass;                /* the run of the queue it belongs to */
     bool queued;
 };
 
@@ -40,6 +42,7 @@ struct mw_ctx {
     /* deferred tasks, run FIFO by one libevent event made active on demand */
     struct event *defer_ev;
     struct mw__task *defer_head, **defer_tail;
+    uint64_t defer_pass;          /* tasks queued now run in this pass */
     int in_callback;              /* > 0 while running tasks: mw_wait refuses */
 
     struct mw__list futures;      /* every live future (pending ones fail at free) */
@@ -55,6 +58,9 @@ extern const struct timeval mw__zero_tv;
 
 /* mw__defer() - run t->fn(t) from the loop, after what is already queued. */
 void mw__defer(mw_ctx_t *ctx, struct mw__task *t);
+
+/* mw__defer_cancel() - unqueue @t (its owner is going away). */
+void mw__defer_cancel(mw_ctx_t *ctx, struct mw__task *t);
 
 /* mw__run_deferred() - run every queued task now (the loop does this; the
  * context's teardown too). */
