@@ -168,7 +168,7 @@ void mw__cm_nics_changed(struct mw__cm *cm);
 /* conn.c */
 int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp);
 int mw__conn_setup_qp(mw_conn_t *c);         /* device, QP, buffers, receives */
-void mw__conn_fill_hello(const mw_conn_t *c, struct mw__hello *h);
+void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why);
 void mw__conn_established(mw_conn_t *c);
 void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)

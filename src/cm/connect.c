@@ -115,15 +115,9 @@ static void on_route_resolved(mw_conn_t *c)
         attempt_failed(c, "cannot set up the queue pair: %s", mw_strerror(rc));
         return;
     }
-    struct mw__hello h;
     uint8_t pd[MW__HELLO_LEN];
-    mw__conn_fill_hello(c, &h);
-    int len = mw__hello_encode(&h, pd, sizeof pd);
-    struct rdma_conn_param p = {
-        .private_data = pd, .private_data_len = (uint8_t)len,
-        .responder_resources = 1, .initiator_depth = 1,
-        .retry_count = 7, .rnr_retry_count = 7,
-    };
+    struct rdma_conn_param p;
+    mw__conn_param(c, pd, &p);
     c->state = MW__CONN_CONNECTING;
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_connect(c->id, &p) < 0)

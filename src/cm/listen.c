@@ -122,15 +122,9 @@ static int accept_request(mw_listener_t *l, mw_conn_t *c, struct rdma_cm_event *
     *why = "cannot set up the queue pair";
     if ((rc = mw__conn_setup_qp(c)) < 0)
         return rc;
-    struct mw__hello h;
     uint8_t pd[MW__HELLO_LEN];
-    mw__conn_fill_hello(c, &h);
-    int len = mw__hello_encode(&h, pd, sizeof pd);
-    struct rdma_conn_param p = {
-        .private_data = pd, .private_data_len = (uint8_t)len,
-        .responder_resources = 1, .initiator_depth = 1,
-        .retry_count = 7, .rnr_retry_count = 7,
-    };
+    struct rdma_conn_param p;
+    mw__conn_param(c, pd, &p);
     *why = "rdma_accept failed";
     if (rdma_accept(c->id, &p) < 0)
         return -errno;
