@@ -202,7 +202,7 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
     if (!strcmp(mode, "mismatch")) {
         /* the last rank calls a different collective: everyone must fail */
         size_t n = 100;
-        float *x = calloc(n, sizeof *x);
+        float *x = calloc(n + 1, sizeof *x);      /* the odd rank asks for n + 1 */
         mw_future_t *f = rank == nranks - 1 ? mw_allreduce(comm, x, x, n + 1, MW_F32, MW_SUM)
                                             : mw_allreduce(comm, x, x, n, MW_F32, MW_SUM);
         mw_future_set_timeout(f, 20000);
