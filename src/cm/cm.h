@@ -192,6 +192,7 @@ void mw__conn_pump(mw_conn_t *c);            /* post what credits allow */
 int mw__rdma_pump(mw_conn_t *c, int budget); /* returns work requests posted */
 void mw__msg_fail_all(mw_conn_t *c, int err, const char *why);
 void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why);
+void mw__rdma_drop_all(mw_conn_t *c);        /* at free: the QP is gone */
 int mw__msg_post_recvs(mw_conn_t *c);
 void mw__msg_free_buffers(mw_conn_t *c);
 void mw__probe_arm(mw_conn_t *c);            /* keepalive: see msg.c */

@@ -314,6 +314,7 @@ void mw__conn_free(mw_conn_t *c)
     }
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
+    mw__rdma_drop_all(c);
     mw__msg_free_buffers(c);
     free(c->peers);
     if (c->close_f) {

@@ -61,6 +61,13 @@ int mw__msg_post_recvs(mw_conn_t *c)
 
 void mw__msg_free_buffers(mw_conn_t *c)
 {
+    while (!mw__list_empty(&c->sends)) {   /* nothing posted comes back now */
+        struct mw__send *s = mw__container_of(c->sends.next, struct mw__send, link);
+        mw_future_fail(s->f, c->err ? c->err : -ECANCELED, "%s: connection closed", c->stats.remote);
+        mw_future_unref(s->f);
+        mw__list_del(&s->link);
+        free(s);
+    }
     for (unsigned i = 0; c->slots && i < c->opts.credits; i++)
         if (c->slots[i].op)
             mw__op_put(c->ctx, c->slots[i].op);

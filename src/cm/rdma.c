@@ -208,3 +208,15 @@ mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len, const mw_remote_t *r
 {
     return start(c, IBV_WR_RDMA_READ, local, len, r, offset, false, 0);
 }
+
+/* The connection is being freed with its QP destroyed: nothing posted will
+ * come back, so records still waiting for completions go now. */
+void mw__rdma_drop_all(mw_conn_t *c)
+{
+    while (!mw__list_empty(&c->rdmas)) {
+        struct mw__rdma *r = mw__container_of(c->rdmas.next, struct mw__rdma, link);
+        if (!r->err)
+            r->err = c->err ? c->err : -ECANCELED;
+        finish(c, r);
+    }
+}
