@@ -97,6 +97,11 @@ struct mw__msgq {                 /* a received message waiting for mw_recv */
     mw_msg_t msg;
 };
 
+struct mw__waiter {               /* an mw_recv waiting for a message */
+    struct mw__list link;
+    mw_future_t *f;
+};
+
 struct mw_conn {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
     mw_ctx_t *ctx;
@@ -137,7 +142,7 @@ struct mw_conn {
     uint64_t next_msg_id;
     struct mw__list sends;        /* struct mw__send, in order */
     struct mw__list rdmas;        /* struct mw__rdma, in order */
-    struct mw__list recv_waiters; /* futures from mw_recv, in order */
+    struct mw__list recv_waiters; /* struct mw__waiter, in order */
     struct mw__list inbox;        /* struct mw__msgq not yet asked for */
     unsigned inbox_len;
     struct { uint8_t *buf; uint64_t id, total, got; bool active; } rx;

@@ -129,9 +129,9 @@ static void deliver(mw_conn_t *c, void *data, size_t len)
     c->stats.msgs_received++;
     c->stats.bytes_received += len;
     if (!mw__list_empty(&c->recv_waiters)) {
-        struct mw__msgq *w = mw__container_of(c->recv_waiters.next, struct mw__msgq, link);
+        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
         mw__list_del(&w->link);
-        mw_future_t *f = w->msg.data;        /* a waiter keeps its future here */
+        mw_future_t *f = w->f;
         free(w);
         mw_msg_t *m = malloc(sizeof *m);
         if (!m) {
@@ -263,12 +263,12 @@ mw_future_t *mw_recv(mw_conn_t *c)
                        c->err ? c->why : "connection closed");
         return f;
     }
-    struct mw__msgq *w = malloc(sizeof *w);
+    struct mw__waiter *w = malloc(sizeof *w);
     if (!w) {
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
     }
-    w->msg.data = mw_future_ref(f);
+    w->f = mw_future_ref(f);
     mw__list_add_tail(&c->recv_waiters, &w->link);
     mw__probe_arm(c);
     return f;
@@ -406,10 +406,10 @@ void mw__msg_fail_all(mw_conn_t *c, int err, const char *why)
         }
     }
     while (!mw__list_empty(&c->recv_waiters)) {
-        struct mw__msgq *w = mw__container_of(c->recv_waiters.next, struct mw__msgq, link);
+        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
         mw__list_del(&w->link);
-        mw_future_fail(w->msg.data, err, "%s", why);
-        mw_future_unref(w->msg.data);
+        mw_future_fail(w->f, err, "%s", why);
+        mw_future_unref(w->f);
         free(w);
     }
 }

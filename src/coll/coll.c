@@ -76,34 +76,50 @@ static int setup_stage(struct mw__run *k)
     return 0;
 }
 
+/* Check the arguments and build @k's schedule and buffers; 0 or a negative
+ * errno with *why set. */
+static int prepare(struct mw__run *k, enum mw__coll_kind kind, const void *in, void *out,
+                   size_t count, int root, const char **why)
+{
+    bool reducing = kind == MW__COLL_REDUCE || kind == MW__COLL_ALLREDUCE ||
+                    kind == MW__COLL_REDUCE_SCATTER;
+    *why = "unknown type or op";
+    if (!k->esz || (reducing && (unsigned)k->op >= MW_OP_COUNT))
+        return -EINVAL;
+    int rc = mw__sched_build(kind, algo_for(kind), k->comm->nranks, k->comm->rank, root, count,
+                             &k->s);
+    *why = rc == -ENOMEM ? "no memory" : "bad count or root";
+    if (rc)
+        return rc;
+    if ((rc = setup_buffers(k, in, out)) < 0) {
+        *why = rc == -EINVAL ? "NULL buffer or size overflow" : "cannot register the buffers";
+        return rc;
+    }
+    *why = "no memory";
+    return setup_stage(k);
+}
+
 static mw_future_t *start(mw_comm_t *comm, enum mw__coll_kind kind, const void *in, void *out,
                           size_t count, mw_dtype_t dt, mw_op_t op, int root)
 {
     mw_future_t *f = comm ? mw_future_new(comm->ctx) : NULL;
     if (!f)
         return NULL;
-    struct mw__run *k = NULL;
-    int rc = comm->err ? comm->err : -EINVAL;
-    const char *why = comm->err ? comm->why : "bad type, op or root";
-    bool reducing = kind == MW__COLL_REDUCE || kind == MW__COLL_ALLREDUCE ||
-                    kind == MW__COLL_REDUCE_SCATTER;
-    if (!comm->err && mw_dtype_size(dt) && (!reducing || (unsigned)op < MW_OP_COUNT) &&
-        (k = calloc(1, sizeof *k))) {
-        *k = (struct mw__run){.comm = comm, .dt = dt, .op = op, .esz = mw_dtype_size(dt),
-                               .count = count};
-        rc = mw__sched_build(kind, algo_for(kind), comm->nranks, comm->rank, root, count, &k->s);
-        why = rc == -ENOMEM ? "no memory" : "bad count or root";
-        if (!rc && (rc = setup_buffers(k, in, out)) < 0)
-            why = rc == -EINVAL ? "NULL buffer or size overflow" : "cannot register the buffers";
-        if (!rc && (rc = setup_stage(k)) < 0)
-            why = "no memory";
-    } else if (!comm->err && mw_dtype_size(dt)) {
-        rc = k ? rc : -EINVAL;
+    if (comm->err) {
+        mw_future_fail(f, comm->err, "%s: %s", mw__coll_name(kind), comm->why);
+        return f;
     }
+    struct mw__run *k = calloc(1, sizeof *k);
+    if (!k) {
+        mw_future_fail(f, -ENOMEM, "%s: no memory", mw__coll_name(kind));
+        return f;
+    }
+    *k = (struct mw__run){.comm = comm, .dt = dt, .op = op, .esz = mw_dtype_size(dt)};
+    const char *why;
+    int rc = prepare(k, kind, in, out, count, root, &why);
     if (rc) {
         mw_future_fail(f, rc, "%s: %s", mw__coll_name(kind), why);
-        if (k)
-            mw__coll_discard(k);
+        mw__coll_discard(k);
         return f;
     }
     k->chunk_elems = comm->opts.slot_size / k->esz;

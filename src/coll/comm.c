@@ -345,7 +345,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 }
 
 /* The port this rank listens on: the one in its own entry. */
-static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
+static void own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
 {
     char first[128];
     snprintf(first, sizeof first, "%.*s", (int)strcspn(entry, ","), entry);
@@ -357,7 +357,6 @@ static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t c
         snprintf(buf, cap, "[::]%s", colon);        /* [v6]:port */
     else
         snprintf(buf, cap, "*:%u", dflt);
-    return 0;
 }
 
 static int start(mw_comm_t *comm, const char *const *peers)

@@ -16,7 +16,7 @@ struct mw__run {
     struct mw__sched s;
     mw_dtype_t dt;
     mw_op_t op;
-    size_t esz, count;
+    size_t esz;
     uint8_t seq;
     uint32_t sig_base;
     const uint8_t *in;

@@ -31,14 +31,6 @@ static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
         accepted[naccepted++] = c;
 }
 
-static void loop_for(mw_ctx_t *ctx, unsigned ms)
-{
-    mw_future_t *t = mw_future_new(ctx);
-    mw_future_set_timeout(t, ms);
-    mw_wait(t);
-    mw_future_unref(t);
-}
-
 /* Connect to node @j by name, retrying while it is still starting up. */
 static mw_conn_t *connect_node(mw_ctx_t *ctx, int j)
 {

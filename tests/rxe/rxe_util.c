@@ -132,3 +132,11 @@ double cpu_seconds(void)
     return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
+
+void loop_for(mw_ctx_t *ctx, unsigned ms)
+{
+    mw_future_t *t = mw_future_new(ctx);
+    mw_future_set_timeout(t, ms);
+    mw_wait(t);
+    mw_future_unref(t);
+}

@@ -29,6 +29,10 @@ int qp_pair_connect(mw_ctx_t *ctx, const char *src, const char *dst, int depth,
                     struct qp_pair *p);
 void qp_pair_close(struct qp_pair *p);
 
+/* loop_for() - run @ctx's loop for @ms milliseconds (a future that can only
+ * time out). */
+void loop_for(mw_ctx_t *ctx, unsigned ms);
+
 /* cpu_seconds() - user + system CPU time of this process so far. */
 double cpu_seconds(void);
 

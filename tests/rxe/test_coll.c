@@ -167,12 +167,8 @@ static void check_in_flight(mw_ctx_t *ctx, mw_comm_t *comm)
         mw_future_unref(fs[i]);
         free(bufs[i]);
     }
-    for (int i = 0; i < 100 && ndone < K; i++) {   /* callbacks run a turn later */
-        mw_future_t *t = mw_future_new(ctx);
-        mw_future_set_timeout(t, 10);
-        mw_wait(t);
-        mw_future_unref(t);
-    }
+    for (int i = 0; i < 100 && ndone < K; i++)   /* callbacks run a turn later */
+        loop_for(ctx, 10);
     CHECK(ndone == K, "%d of %d in-flight collectives reported done", ndone, K);
     for (int i = 0; i < ndone; i++)
         CHECK(done_order[i] == i, "in-flight collective %d completed in place %d", done_order[i], i);

@@ -88,15 +88,6 @@ static void close_conn(mw_conn_t *c)
     mw_future_unref(f);
 }
 
-/* Run the loop for @ms milliseconds (a future that only times out). */
-static void loop_for(mw_ctx_t *ctx, unsigned ms)
-{
-    mw_future_t *t = mw_future_new(ctx);
-    mw_future_set_timeout(t, ms);
-    assert_int_equal(mw_wait(t), -ETIMEDOUT);
-    mw_future_unref(t);
-}
-
 /* Wait until the server has accepted @n connections. */
 static void wait_accepted(struct server *s, int n)
 {
