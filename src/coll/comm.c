@@ -107,7 +107,8 @@ static void on_watch(mw_future_t *f, void *arg)
     if (p) {
         p->watch = NULL;
         if (mw_future_state(f) == MW_FUTURE_DONE)
-            mw__comm_fail(p->comm, -EPROTO, "rank %d sent an unexpected message", p->rank);
+            mw__comm_abort(p->comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
+                           "rank %d sent an unexpected message", p->rank);
         else
             mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     }

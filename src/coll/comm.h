@@ -61,5 +61,10 @@ void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
 void mw__coll_advance(mw_comm_t *comm);
 void mw__coll_fail_all(mw_comm_t *comm, int err, const char *why);
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg);
+enum mw__abort_why { MW__ABORT_OTHER = 0, MW__ABORT_LOST, MW__ABORT_MISMATCH };
+/* mw__comm_abort() - break @comm (mw__comm_fail) and tell every live peer,
+ * naming @culprit, so ranks waiting on ranks that gave up fail too. */
+void mw__comm_abort(mw_comm_t *comm, enum mw__abort_why why, int culprit, int err,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 #endif

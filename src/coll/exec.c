@@ -7,6 +7,7 @@
  * (kind, type, op, count, root, step): a rank running something else is
  * caught on its first chunk instead of corrupting anyone's data. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,12 @@
 #include "coll/sched.h"
 #include "core/ctx.h"
 
+/* Immediates with bit 31 set are control, not data: an ack frees a slot;
+ * an abort says the sender broke the communicator and why (bits 24..29)
+ * because of which rank (bits 0..23). */
 #define IMM_ACK (1u << 31)
+#define IMM_ABORT (1u << 30)
+#define IMM_RANK_MASK 0xffffffu
 
 static uint32_t hash32(uint32_t h, uint64_t v)
 {
@@ -148,7 +154,7 @@ static void post_sends(struct mw__run *k)
                                       &p->remote, slot * k->comm->opts.slot_size,
                                       imm_of(k, k->step));
         if (!f) {
-            mw__comm_fail(k->comm, -ENOMEM, "no memory");
+            mw__comm_abort(k->comm, MW__ABORT_OTHER, k->comm->rank, -ENOMEM, "no memory");
             return;
         }
         p->sent++;
@@ -174,9 +180,9 @@ static bool take_receives(struct mw__run *k)
     while (k->r_done < k->r_chunks && p->arrived > p->consumed) {
         uint32_t imm = p->imm[p->consumed % slots];
         if (imm != imm_of(k, k->step)) {
-            mw__comm_fail(k->comm, -EPROTO,
-                          "rank %d is running a different collective (or count, type, op, root)",
-                          p->rank);
+            mw__comm_abort(k->comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
+                           "rank %d is running a different collective (or count, type, op, root)",
+                           p->rank);
             return false;
         }
         size_t off = k->r_done * k->chunk_elems;
@@ -229,13 +235,14 @@ static bool advance_one(struct mw__run *k)
         const struct mw__step *st = &k->s.steps[k->step];
         const struct mw__peer *lost = peer_still_needed_but_gone(k);
         if (lost) {
-            finish(k, lost->gone, lost->gone_why);
+            mw__comm_abort(k->comm, MW__ABORT_LOST, lost->rank, lost->gone, "%s",
+                           lost->gone_why);
             return true;
         }
         if (st->send_to >= 0)
             post_sends(k);
         if (st->recv_from >= 0 && !take_receives(k))
-            return true;          /* failed: finish() ran through mw__comm_fail */
+            return true;          /* failed: finish() ran through mw__comm_abort */
         if (!sends_done(k) || k->r_done < k->r_chunks)
             return false;
         k->step++;
@@ -257,15 +264,60 @@ void mw__coll_advance(mw_comm_t *comm)
     }
 }
 
+/* --- breaking the communicator --------------------------------------------- */
+
+static const char *abort_reason(enum mw__abort_why why)
+{
+    switch (why) {
+    case MW__ABORT_LOST:     return "lost";
+    case MW__ABORT_MISMATCH: return "ran a different collective than";
+    default:                 return "failed with";
+    }
+}
+
+/* Every rank that breaks tells all the others, so a rank that never talks
+ * to the culprit (in a ring, most of them) fails in one hop instead of
+ * waiting forever on a rank that has given up. */
+void mw__comm_abort(mw_comm_t *comm, enum mw__abort_why why, int culprit, int err,
+                    const char *fmt, ...)
+{
+    if (comm->err)
+        return;
+    char msg[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    uint32_t imm = IMM_ACK | IMM_ABORT | (uint32_t)why << 24 | ((uint32_t)culprit & IMM_RANK_MASK);
+    for (int r = 0; r < comm->nranks; r++) {
+        struct mw__peer *p = &comm->peers[r];
+        if (r != comm->rank && p->conn && p->ready && !p->gone)
+            mw_future_unref(mw_write_imm(p->conn, NULL, 0, &p->remote, 0, imm));
+    }
+    mw__comm_fail(comm, err, "%s", msg);
+}
+
+static void on_abort(struct mw__peer *p, uint32_t imm)
+{
+    enum mw__abort_why why = (imm >> 24) & 0x3f;
+    int culprit = (int)(imm & IMM_RANK_MASK);
+    mw__comm_fail(p->comm, -ECONNABORTED, "rank %d aborted: it %s rank %d", p->rank,
+                  abort_reason(why), culprit);
+}
+
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
 {
     (void)c;
     struct mw__peer *p = arg;
     mw_comm_t *comm = p->comm;
-    if (imm & IMM_ACK) {
+    if ((imm & (IMM_ACK | IMM_ABORT)) == (IMM_ACK | IMM_ABORT)) {
+        on_abort(p, imm);
+        return;
+    } else if (imm & IMM_ACK) {
         p->acked++;
     } else if (p->arrived - p->consumed >= comm->opts.slots) {
-        mw__comm_fail(comm, -EPROTO, "rank %d overran its scratch slots", p->rank);
+        mw__comm_abort(comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
+                       "rank %d overran its scratch slots", p->rank);
         return;
     } else {
         p->imm[p->arrived++ % comm->opts.slots] = imm;

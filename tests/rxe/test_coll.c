@@ -1,7 +1,8 @@
 /* Collectives on real soft-RoCE, ranks as processes in one node: every
  * collective, type and op against a reference, at sizes 0, 1, 7, 4096 and
  * 1 MiB+3 elements, for 1, 2, 3, 4, 5 and 8 ranks; several collectives in
- * flight at once; a rank that calls a different collective is caught. */
+ * flight at once; a rank that calls a different collective is caught; a
+ * rank killed mid-collective fails it on every survivor. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -174,6 +175,42 @@ static void check_in_flight(mw_ctx_t *ctx, mw_comm_t *comm)
         CHECK(done_order[i] == i, "in-flight collective %d completed in place %d", done_order[i], i);
 }
 
+static double seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The last rank dies (SIGKILL) in the middle of a long allreduce with a
+ * second one queued behind it: on every survivor both fail, with an error
+ * (not a timeout), in bounded time, and the communicator stays broken. */
+static void check_killed_rank(mw_ctx_t *ctx, mw_comm_t *comm, int rank, int nranks)
+{
+    size_t n = 16u << 20;                   /* 64 MiB of f32: seconds on rxe */
+    float *x = calloc(n, sizeof *x);
+    mw_future_t *f[2] = {mw_allreduce(comm, x, x, n, MW_F32, MW_SUM),
+                         mw_allreduce(comm, x, x, n, MW_F32, MW_SUM)};
+    if (rank == nranks - 1) {
+        loop_for(ctx, 300);                 /* well into the first one */
+        raise(SIGKILL);
+    }
+    double t0 = seconds();
+    for (int i = 0; i < 2; i++) {
+        mw_future_set_timeout(f[i], 20000);
+        int rc = mw_wait(f[i]);
+        fprintf(stderr, "rank %d: allreduce %d failed after %.3f s: %s (%s)\n", rank, i,
+                seconds() - t0, mw_strerror(rc), mw_future_message(f[i]));
+        CHECK(rc != 0 && rc != -ETIMEDOUT, "rank %d: allreduce %d: %s", rank, i, mw_strerror(rc));
+        mw_future_unref(f[i]);
+    }
+    CHECK(seconds() - t0 < 10, "rank %d took %.1f s to notice", rank, seconds() - t0);
+    mw_future_t *b = mw_barrier(comm);
+    CHECK(mw_wait(b) != 0, "rank %d: a barrier on the broken communicator succeeded", rank);
+    mw_future_unref(b);
+    free(x);
+}
+
 static int run_rank(int rank, int nranks, int port, const char *mode)
 {
     mw_ctx_t *ctx;
@@ -208,6 +245,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         failures += rc == 0 || rc == -ETIMEDOUT;
         mw_future_unref(f);
         free(x);
+    } else if (!strcmp(mode, "kill")) {
+        check_killed_rank(ctx, comm, rank, nranks);
     } else {
         if (wait_ok(mw_barrier(comm), "barrier"))
             failures++;
@@ -244,18 +283,18 @@ static void run_ranks(int nranks, const char *mode)
         char *argv[] = {self_path, "rank", a[0], a[1], a[2], (char *)mode, NULL};
         assert_int_equal(posix_spawn(&pids[r], self_path, NULL, NULL, argv, environ), 0);
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = seconds();
     int rc0 = run_rank(0, nranks, port, mode);
     int bad = rc0 != 0;
     for (int r = 1; r < nranks; r++) {
         int st;
         waitpid(pids[r], &st, 0);
-        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+        if (!strcmp(mode, "kill") && r == nranks - 1)
+            bad += !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL;
+        else
+            bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    printf("%d ranks, %s: %s in %.1f s\n", nranks, mode, bad ? "FAILED" : "ok",
-           (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+    printf("%d ranks, %s: %s in %.1f s\n", nranks, mode, bad ? "FAILED" : "ok", seconds() - t0);
     assert_int_equal(bad, 0);
 }
 
@@ -266,6 +305,7 @@ static void ranks_4(void **s) { (void)s; run_ranks(4, "all"); }
 static void ranks_5(void **s) { (void)s; run_ranks(5, "all"); }
 static void ranks_8(void **s) { (void)s; run_ranks(8, "all"); }
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
+static void killed_rank_4(void **s) { (void)s; run_ranks(4, "kill"); }
 
 int main(int argc, char **argv)
 {
@@ -280,7 +320,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranks_1), cmocka_unit_test(ranks_2), cmocka_unit_test(ranks_3),
         cmocka_unit_test(ranks_4), cmocka_unit_test(ranks_5), cmocka_unit_test(ranks_8),
-        cmocka_unit_test(mismatch_3),
+        cmocka_unit_test(mismatch_3), cmocka_unit_test(killed_rank_4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
