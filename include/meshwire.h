@@ -399,6 +399,25 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
 MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
                                       const char *const *peers, const mw_comm_opts_t *opts);
 
+/**
+ * mw_comm_create_env() - mw_comm_create() with the rank and peers a launcher
+ * put in the environment:
+ *   rank:  MW_RANK, else RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI),
+ *          PMI_RANK (MPICH/Hydra), SLURM_PROCID (Slurm);
+ *   peers: MW_HOSTFILE, a file with one entry per rank and line, or else
+ *          MW_PEERS, the entries separated by spaces or ';'.  An entry is
+ *          as for mw_comm_create ("ADDR[,ADDR...][:PORT]"); "slots=N" after
+ *          one makes it N ranks; '#' starts a comment.  An entry without a
+ *          port gets MW_PORT (default opts->conn.default_port) plus the
+ *          number of earlier entries with the same addresses, so ranks
+ *          sharing a host get consecutive ports;
+ *   size:  the number of entries, checked against MW_WORLD_SIZE, else
+ *          WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS when set.
+ * Return: as mw_comm_create; a missing or malformed variable fails the
+ * future with -EINVAL and a message naming it.
+ */
+MW_EXTERN mw_future_t *mw_comm_create_env(mw_ctx_t *ctx, const mw_comm_opts_t *opts);
+
 /** mw_comm_free() - close the mesh; pending collectives fail -ECANCELED. */
 MW_EXTERN void mw_comm_free(mw_comm_t *comm);
 MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);

@@ -5,6 +5,12 @@
  *                                      in iteration mode is the anchor)
  *   mwbench connect ADDR N            time to set up N connections at once
  *   mwbench idle ADDR N SECONDS       CPU used by N idle connections
+ *   mwbench allreduce [-n RANKS ADDR] [BYTES...]
+ *                                      f32 sum allreduce time per size; with -n
+ *                                      it starts RANKS processes on ADDR, else
+ *                                      it is one rank of a launcher's job
+ *                                      (mw_comm_create_env); MW_ALLREDUCE_ALGO
+ *                                      picks the algorithm
  *
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
@@ -13,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "meshwire.h"
 
@@ -239,6 +247,111 @@ static int connect_bench(const char *addr, int n, int idle_s)
     return 0;
 }
 
+/* --- allreduce ------------------------------------------------------------ */
+
+static void wait_or_die(mw_future_t *f, const char *what)
+{
+    int rc = mw_wait(f);
+    if (rc)
+        die(what, rc, f);
+    mw_future_unref(f);
+}
+
+/* One rank: for each size a warm-up, then enough iterations to move about
+ * 64 MiB (10..2000), between barriers; rank 0 prints the mean. */
+static int allreduce_rank(int nsizes, char **sizes)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    mw_future_t *cf = mw_comm_create_env(ctx, NULL);
+    if (mw_wait(cf))
+        die("communicator", mw_future_error(cf), cf);
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    int rank = mw_comm_rank(comm), n = mw_comm_size(comm);
+    const char *algo = getenv("MW_ALLREDUCE_ALGO");
+    if (rank == 0)
+        printf("%-10s %6s %6s %8s %12s %12s %8s\n", "bytes", "ranks", "algo", "iters",
+               "time_us", "algbw_MiB/s", "cpu_s");
+    int bad = 0;
+    for (int i = 0; i < nsizes; i++) {
+        size_t bytes = strtoul(sizes[i], NULL, 0), count = bytes / sizeof(float);
+        float *in = mw_alloc(ctx, count * sizeof *in + 4), *out = mw_alloc(ctx, count * sizeof *out + 4);
+        for (size_t k = 0; k < count; k++)
+            in[k] = 1.0f;
+        unsigned iters = bytes ? (unsigned)((64u << 20) / bytes) : 2000;
+        iters = iters < 10 ? 10 : iters > 2000 ? 2000 : iters;
+        wait_or_die(mw_allreduce(comm, in, out, count, MW_F32, MW_SUM), "allreduce");
+        wait_or_die(mw_barrier(comm), "barrier");
+        double t0 = now(), c0 = cpu();
+        for (unsigned k = 0; k < iters; k++)
+            wait_or_die(mw_allreduce(comm, in, out, count, MW_F32, MW_SUM), "allreduce");
+        double t = (now() - t0) / iters, cs = cpu() - c0;
+        bad += count && (out[0] != (float)n || out[count - 1] != (float)n);
+        wait_or_die(mw_barrier(comm), "barrier");
+        if (rank == 0)
+            printf("%-10zu %6d %6s %8u %12.1f %12.1f %8.3f%s\n", bytes, n, algo ? algo : "auto",
+                   iters, t * 1e6, t > 0 ? bytes / t / (1 << 20) : 0, cs,
+                   bad ? "  WRONG RESULT" : "");
+        mw_free(ctx, in);
+        mw_free(ctx, out);
+    }
+    mw_comm_free(comm);
+    mw_ctx_free(ctx);
+    return bad ? 1 : 0;
+}
+
+/* -n RANKS: this host runs the whole job, one process a rank (forked before
+ * any RDMA resource exists), each finding its rank in the environment as
+ * under a launcher. */
+static int allreduce_local(const char *addr, int nranks, int nsizes, char **sizes)
+{
+    char peers[160], port[16];
+    snprintf(peers, sizeof peers, "%s slots=%d", addr, nranks);
+    snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    setenv("MW_PEERS", peers, 1);
+    setenv("MW_PORT", port, 1);
+    pid_t pids[64];
+    for (int r = 0; r < nranks; r++) {
+        char rs[16];
+        snprintf(rs, sizeof rs, "%d", r);
+        if ((pids[r] = fork()) == 0) {
+            setenv("MW_RANK", rs, 1);
+            _exit(allreduce_rank(nsizes, sizes));
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    return bad ? 1 : 0;
+}
+
+static int allreduce_bench(int argc, char **argv)
+{
+    static char *dflt[] = {"4", "64", "1024", "4096", "16384", "65536", "262144", "1048576",
+                           "4194304", "16777216"};
+    int nranks = 0;
+    if (argc >= 2 && !strcmp(argv[0], "-n")) {
+        nranks = atoi(argv[1]);
+        argc -= 2, argv += 2;
+        if (nranks < 1 || nranks > 64)
+            die("-n takes 1..64 ranks", -EINVAL, NULL);
+    }
+    const char *addr = NULL;
+    if (nranks) {
+        if (argc < 1)
+            die("-n needs the address to run the ranks on", -EINVAL, NULL);
+        addr = *argv++;
+        argc--;
+    }
+    int nsizes = argc ? argc : 10;
+    char **sizes = argc ? argv : dflt;
+    return addr ? allreduce_local(addr, nranks, nsizes, sizes) : allreduce_rank(nsizes, sizes);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -250,6 +363,9 @@ int main(int argc, char **argv)
         return connect_bench(argv[2], atoi(argv[3]), 0);
     if (argc == 5 && !strcmp(argv[1], "idle"))
         return connect_bench(argv[2], atoi(argv[3]), atoi(argv[4]));
-    fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n");
+    if (argc >= 2 && !strcmp(argv[1], "allreduce"))
+        return allreduce_bench(argc - 2, argv + 2);
+    fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
+                    "       mwbench allreduce [-n RANKS ADDR] [BYTES...]\n");
     return 2;
 }

@@ -5,8 +5,8 @@
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
 need_rdma
-: "${MW_NODE:?} ${MW_NODES:?} ${MW_PEERS:?} ${MW_ADDRS:?} ${MW_SHARED:?}"
-IFS=, read -ra peers <<<"$MW_PEERS"
+: "${MW_NODE:?} ${MW_NODES:?} ${MW_PEER_ADDRS:?} ${MW_ADDRS:?} ${MW_SHARED:?}"
+IFS=, read -ra peers <<<"$MW_PEER_ADDRS"
 IFS=, read -ra mine <<<"$MW_ADDRS"
 
 rping -s -P -S 256 -a 0.0.0.0 >"server.$MW_NODE.out" 2>&1 &

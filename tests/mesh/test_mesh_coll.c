@@ -1,7 +1,7 @@
 /* Run on every node of the mesh at once: one rank per node, a communicator
- * over the direct-connect mesh (each pair on its own subnet, peers named
- * node<j>), then allreduce, allgather and broadcast checked against local
- * references. */
+ * over the direct-connect mesh (each pair on its own subnet) made the way a
+ * launcher would (mw_comm_create_env with MW_RANK and MW_PEERS), then
+ * allreduce, allgather and broadcast checked against local references. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +17,7 @@
 #include "../rxe/coll_data.h"
 #include "../rxe/rxe_util.h"
 
-#define PORT 7481
+#define PORT "7481"
 #define MAXN 16
 
 static int me, nodes;
@@ -43,13 +43,18 @@ static void collectives_across_the_mesh(void **state)
     (void)state;
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    char names[MAXN][32];
-    const char *peers[MAXN];
-    for (int j = 0; j < nodes; j++) {
-        snprintf(names[j], sizeof names[j], "node%d:%d", j, PORT);
-        peers[j] = names[j];
-    }
-    mw_future_t *cf = mw_comm_create(ctx, me, nodes, peers, NULL);
+    /* the runner's peer addresses, as a launcher would export them (on a
+     * host with real devices they are all the same: ranks then get
+     * consecutive ports) */
+    char peers[1024];
+    snprintf(peers, sizeof peers, "%s", getenv("MW_PEER_ADDRS"));
+    for (char *c = peers; *c; c++)
+        *c = *c == ',' ? ' ' : *c;
+    setenv("MW_PEERS", peers, 1);
+    setenv("MW_RANK", getenv("MW_NODE"), 1);
+    setenv("MW_WORLD_SIZE", getenv("MW_NODES"), 1);
+    setenv("MW_PORT", PORT, 1);
+    mw_future_t *cf = mw_comm_create_env(ctx, NULL);
     mw_future_set_timeout(cf, 120000);
     if (mw_wait(cf))
         fail_msg("node%d: comm_create: %s", me, mw_future_message(cf));
@@ -97,7 +102,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *addrs[1];
     rxe_require(1, addrs);
-    if (!getenv("MW_NODE") || !getenv("MW_NODES")) {
+    if (!getenv("MW_NODE") || !getenv("MW_NODES") || !getenv("MW_PEER_ADDRS")) {
         printf("SKIP: not in a mesh (run through tools/rxe-vm mesh)\n");
         return SKIP_EXIT;
     }
