@@ -62,16 +62,16 @@ static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
     c->rdma_out--;
     r->chunks_out--;
     r->done++;
-    if (wc->status != IBV_WC_SUCCESS) {
-        if (!r->err)
-            r->err = wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
-        if (wc->status != IBV_WC_WR_FLUSH_ERR)
-            mw__conn_fail(c, mw__wc_errno(wc->status), "RDMA %s failed: %s",
-                          r->opcode == IBV_WR_RDMA_READ ? "read" : "write",
-                          ibv_wc_status_str(wc->status));
-    }
+    bool read = r->opcode == IBV_WR_RDMA_READ;
+    if (wc->status != IBV_WC_SUCCESS && !r->err)
+        r->err = wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
     if (r->chunks_out == 0 && (r->done == chunks_in(c, r) || r->err))
         finish(c, r);
+    /* after finish: failing the connection finishes what is left, and must
+     * not find @r (finished) still listed */
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+        mw__conn_fail(c, mw__wc_errno(wc->status), "RDMA %s failed: %s", read ? "read" : "write",
+                      ibv_wc_status_str(wc->status));
     mw__conn_pump(c);
     mw__conn_maybe_finish(c);
 }
