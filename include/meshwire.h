@@ -270,7 +270,9 @@ MW_EXTERN void mw_listener_free(mw_listener_t *l);
  * mw_connect() - connect to a peer offering one or more addresses
  * ("HOST[:PORT][,HOST[:PORT]...]"), tried in order of subnet match.
  * Return: a future whose value is the mw_conn_t * (the caller owns it once
- * the future is done); it fails with the reasons of every address tried.
+ * the future is done); it fails with the reasons of every address tried:
+ * -ECONNREFUSED when a peer refused (nothing listening there), else
+ * -ETIMEDOUT when a step timed out, else -EHOSTUNREACH.
  * NULL only when out of memory.
  */
 MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts);

@@ -120,6 +120,8 @@ struct mw_conn {
     struct sockaddr_storage *peers;
     size_t npeers, next_peer;
     char tried[256];              /* reasons per address, for the failure */
+    int attempt_err;              /* the error to report when all failed:
+                                     a refusal wins, then a timeout */
 
     /* passive side */
     mw_listener_t *listener;

@@ -250,8 +250,10 @@ void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
         vsnprintf(c->why, sizeof c->why, fmt, ap);
         va_end(ap);
         c->err = err;
-        /* a peer closing, or our own abort or teardown, is an ordinary end */
-        bool ordinary = err == -ECONNRESET || err == -ECONNABORTED || err == -ECANCELED;
+        /* a peer closing, our own abort or teardown, or a connect that
+         * failed (its future tells the caller) is an ordinary end */
+        bool ordinary = err == -ECONNRESET || err == -ECONNABORTED || err == -ECANCELED ||
+                        c->state < MW__CONN_ESTABLISHED;
         MW_LOG(c->ctx, ordinary ? MW_LOG_INFO : MW_LOG_WARN,
                "connection %s -> %s: %s", c->stats.local,
                c->stats.remote[0] ? c->stats.remote : "?", c->why);

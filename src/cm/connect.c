@@ -14,8 +14,10 @@
 static void try_next(mw_conn_t *c);
 
 /* Record why this address failed and go on to the next. */
-static void attempt_failed(mw_conn_t *c, const char *fmt, const char *detail)
+static void attempt_failed(mw_conn_t *c, int err, const char *fmt, const char *detail)
 {
+    if (c->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !c->attempt_err))
+        c->attempt_err = err;
     char addr[MW__ADDR_STRLEN], one[128];
     mw__addr_str((struct sockaddr *)&c->peers[c->next_peer - 1], addr, sizeof addr);
     snprintf(one, sizeof one, fmt, detail);
@@ -31,7 +33,7 @@ static void on_step_timeout(mw_conn_t *c)
 {
     char what[64];
     snprintf(what, sizeof what, "%s", mw__conn_state_str(c->state));
-    attempt_failed(c, "timed out %s", what);
+    attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
 }
 
 static int pick_source(mw_conn_t *c, const struct sockaddr *peer, struct sockaddr_storage *src)
@@ -59,7 +61,8 @@ static void try_next(mw_conn_t *c)
 {
     if (c->next_peer >= c->npeers) {
         c->owner_gone = true;          /* nobody will ever hold it */
-        mw__conn_fail(c, -EHOSTUNREACH, "cannot connect: %s", c->tried);
+        mw__conn_fail(c, c->attempt_err ? c->attempt_err : -EHOSTUNREACH, "cannot connect: %s",
+                      c->tried);
         return;
     }
     struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
@@ -68,14 +71,14 @@ static void try_next(mw_conn_t *c)
     int have_src = pick_source(c, peer, &src) >= 0;
     if (rdma_create_id(cm->ch, &c->id, c, RDMA_PS_TCP) < 0) {
         c->id = NULL;
-        attempt_failed(c, "rdma_create_id: %s", mw_strerror(-errno));
+        attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
         return;
     }
     c->state = MW__CONN_RESOLVING_ADDR;
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_resolve_addr(c->id, have_src ? (struct sockaddr *)&src : NULL, peer,
                           (int)c->opts.timeout_ms) < 0)
-        attempt_failed(c, "cannot resolve: %s", mw_strerror(-errno));
+        attempt_failed(c, -EHOSTUNREACH, "cannot resolve: %s", mw_strerror(-errno));
 }
 
 mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts)
@@ -112,7 +115,7 @@ static void on_route_resolved(mw_conn_t *c)
 {
     int rc = mw__conn_setup_qp(c);
     if (rc < 0) {
-        attempt_failed(c, "cannot set up the queue pair: %s", mw_strerror(rc));
+        attempt_failed(c, rc, "cannot set up the queue pair: %s", mw_strerror(rc));
         return;
     }
     uint8_t pd[MW__HELLO_LEN];
@@ -121,7 +124,7 @@ static void on_route_resolved(mw_conn_t *c)
     c->state = MW__CONN_CONNECTING;
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_connect(c->id, &p) < 0)
-        attempt_failed(c, "rdma_connect: %s", mw_strerror(-errno));
+        attempt_failed(c, -EHOSTUNREACH, "rdma_connect: %s", mw_strerror(-errno));
 }
 
 static void on_established(mw_conn_t *c, struct rdma_cm_event *ev)
@@ -150,9 +153,10 @@ static const char *reject_reason(struct rdma_cm_event *ev, char *buf, size_t cap
         snprintf(buf, cap, "%.*s", (int)strnlen(pd + 4, n - 4), pd + 4);
         return buf;
     }
-    /* IB CM reason 28 is "consumer defined": rdma_cm answers that way when
-     * nothing listens on the port. */
-    if (ev->status == 28)
+    /* Nothing listens on the port: rdma_cm answers with IB CM reason 28
+     * ("consumer defined") over the wire, 8 ("invalid service ID") within a
+     * node. */
+    if (ev->status == 28 || ev->status == 8)
         snprintf(buf, cap, "connection refused (nothing listening?)");
     else
         snprintf(buf, cap, "rejected (IB CM reason %d)", ev->status);
@@ -167,7 +171,7 @@ void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev)
         c->state = MW__CONN_RESOLVING_ROUTE;
         mw__conn_arm_timer(c, on_step_timeout);
         if (rdma_resolve_route(c->id, (int)c->opts.timeout_ms) < 0)
-            attempt_failed(c, "cannot resolve the route: %s", mw_strerror(-errno));
+            attempt_failed(c, -EHOSTUNREACH, "cannot resolve the route: %s", mw_strerror(-errno));
         return;
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
         on_route_resolved(c);
@@ -176,23 +180,23 @@ void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev)
         on_established(c, ev);
         return;
     case RDMA_CM_EVENT_ADDR_ERROR:
-        attempt_failed(c, "address resolution failed: %s", mw_strerror(ev->status));
+        attempt_failed(c, -EHOSTUNREACH, "address resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_ROUTE_ERROR:
-        attempt_failed(c, "route resolution failed: %s", mw_strerror(ev->status));
+        attempt_failed(c, -EHOSTUNREACH, "route resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_UNREACHABLE:
-        attempt_failed(c, "unreachable: %s", mw_strerror(ev->status));
+        attempt_failed(c, -EHOSTUNREACH, "unreachable: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_CONNECT_ERROR:
-        attempt_failed(c, "connect error: %s", mw_strerror(ev->status));
+        attempt_failed(c, -ECONNRESET, "connect error: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_REJECTED:
-        attempt_failed(c, "%s", reject_reason(ev, buf, sizeof buf));
+        attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
         return;
     default:
         if (c->state < MW__CONN_ESTABLISHED && ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
-            attempt_failed(c, "%s", "device removed");
+            attempt_failed(c, -ENODEV, "%s", "device removed");
         else
             mw__conn_common_event(c, ev);
     }
