@@ -20,7 +20,7 @@
 #endif
 
 enum opt_id {
-    O_LISTEN, O_TO, O_PORT, O_OUTPUT, O_FORCE, O_QUIET, O_VERBOSE,
+    O_LISTEN, O_TO, O_PORT, O_OUTPUT, O_FORCE, O_QUIET, O_VERBOSE, O_PROGRESS,
     O_TIMEOUT, O_CHUNK, O_WINDOW, O_HELP, O_VERSION,
 };
 
@@ -41,6 +41,7 @@ static const struct opt_def opt_defs[] = {
     {"force", 'f', O_FORCE, ARG_NONE},
     {"quiet", 'q', O_QUIET, ARG_NONE},
     {"verbose", 'v', O_VERBOSE, ARG_NONE},
+    {"progress", 'P', O_PROGRESS, ARG_NONE},
     {"timeout", 't', O_TIMEOUT, ARG_REQUIRED},
     {"chunk", 0, O_CHUNK, ARG_REQUIRED},
     {"window", 0, O_WINDOW, ARG_REQUIRED},
@@ -316,6 +317,9 @@ static enum mc_parse_result apply_flag(struct state *s, enum opt_id id, const ch
         return MC_PARSE_OK;
     case O_VERBOSE:
         s->verbose++;
+        return MC_PARSE_OK;
+    case O_PROGRESS:
+        s->a->progress = true;
         return MC_PARSE_OK;
     case O_HELP:
         return MC_PARSE_HELP;
@@ -667,8 +671,10 @@ static const char *const usage_text[] = {
     "Options:",
     "  -p, --port PORT         port for addresses given without one",
     "                          (default 7471)",
-    "  -o, --output PATH       receive: write to PATH, a file or a directory",
-    "                          (default: the sent names, in the current directory)",
+    "  -o, --output PATH       receive: write to PATH, a file or a directory, or",
+    "                          - for standard output (default: a stream from the",
+    "                          sender's stdin goes to standard output, files to",
+    "                          their sent names in the current directory)",
     "  -f, --force             receive: overwrite existing files (default: refuse)",
     "  -t, --timeout SECONDS   connect and peer timeout, decimals allowed",
     "                          (default 10)",
@@ -676,6 +682,8 @@ static const char *const usage_text[] = {
     "                          KiB and MiB; 4K..64M (default 1M)",
     "      --window N          chunks in flight, 1..64 (default 8)",
     "  -q, --quiet             no progress line, errors only",
+    "  -P, --progress          show the progress line even when standard error",
+    "                          is not a terminal (default: only on a terminal)",
     "  -v, --verbose           more detail; repeat for more (default: progress",
     "                          line and summary)",
     "  -h, --help              show this help and exit",

@@ -48,6 +48,7 @@ struct mc_args {
                                        file or directory is the caller's call */
     bool force;                     /* MC_RECV: -f, overwrite existing files */
     int verbose;                    /* -1 quiet (-q), 0 normal, >0 each -v */
+    bool progress;                  /* -P: progress line even without a tty */
     double timeout_s;               /* > 0, finite */
     size_t chunk;                   /* MC_CHUNK_MIN..MC_CHUNK_MAX */
     unsigned window;                /* 1..MC_WINDOW_MAX */

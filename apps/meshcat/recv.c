@@ -1,0 +1,444 @@
+/* The receiving side, and the relay of a fan-out chain.  One sender per run,
+ * as with netcat.  Chunks land in our registered ring; on every kick each
+ * arrived chunk is written to the output and hashed, and on a relay also
+ * written on from the same slot into the next receiver's ring; a slot is
+ * credited back to the sender once both are done with it.  A file is
+ * written under a hidden partial name and renamed only after its SHA-256
+ * matched the sender's (and the rest of the chain's did too). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "meshcat.h"
+#include "names.h"
+
+#define RING_MAX (1ull << 30)     /* chunk * window a sender may ask for */
+
+struct receiver {
+    struct mc_session s;
+    struct mc_hop up, down;       /* down.c is NULL unless relaying */
+    mw_listener_t *listener;
+    mw_conn_t *accepted;
+    uint8_t *ring;
+    size_t chunk;
+    unsigned window;
+    uint32_t *lens;               /* of arrived chunks, by slot */
+    uint64_t arrived, head, freed;    /* chunks: landed / consumed / credited */
+    /* the file being received */
+    bool receiving;
+    int fd;                       /* output; -1 none */
+    bool to_stdout;
+    char final[PATH_MAX], part[PATH_MAX];
+    uint64_t file_first, bytes;   /* its first chunk; its bytes so far */
+    struct mc_sha sha;
+    int write_err;
+    int files_out;                /* files written this run (for -o FILE) */
+    bool said;                    /* the failure was reported to the user */
+};
+
+static bool relaying(const struct receiver *x)
+{
+    return x->down.c != NULL;
+}
+
+/* Tell the sender (and the rest of the chain) why we stop, once. */
+static void give_up(struct receiver *x, int err, const char *why)
+{
+    if (x->up.err)
+        return;
+    if (x->up.c)
+        mc_send_simple(x->up.c, MC_ERROR, 0, 0, why);
+    mc_hop_fail(&x->up, err, "%s", why);
+}
+
+/* Write what arrived, pass it on, credit what is done with. */
+static void consume(struct receiver *x)
+{
+    while (x->receiving && !x->write_err && x->head < x->arrived) {
+        if (relaying(x) && !mc_hop_can_post(&x->down))
+            break;
+        uint64_t slot = x->head % x->window;
+        const uint8_t *p = x->ring + slot * x->chunk;
+        size_t len = x->lens[slot];
+        for (size_t off = 0; off < len;) {
+            ssize_t n = write(x->fd, p + off, len - off);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                x->write_err = n < 0 ? -errno : -EIO;
+                return;
+            }
+            off += (size_t)n;
+        }
+        mc_sha_update(&x->sha, p, len);
+        if (relaying(x) && mc_hop_post(&x->down, p, len) < 0) {
+            mc_hop_fail(&x->down, -ENOMEM, "out of memory");
+            return;
+        }
+        x->bytes += len;
+        x->s.done += len;
+        x->head++;
+    }
+    /* a slot is free once written out and, on a relay, read by the device */
+    uint64_t done = relaying(x) ? x->down.written : x->head;
+    if (done > x->freed && !x->up.err) {
+        mc_send_simple(x->up.c, MC_CREDIT, done - x->freed, 0, NULL);
+        x->freed = done;
+    }
+}
+
+static void react(void *arg)
+{
+    struct receiver *x = arg;
+    char why[700];
+    if (x->s.interrupted) {
+        snprintf(why, sizeof why, "receiver interrupted (signal %d)", x->s.interrupted);
+        give_up(x, -EINTR, why);
+    }
+    if (relaying(x) && x->down.err && !x->up.err)
+        give_up(x, x->down.err, x->down.why);  /* the chain is broken downstream */
+    if (x->write_err && !x->up.err) {
+        snprintf(why, sizeof why, "%.400s: cannot write: %s", x->to_stdout ? "stdout" : x->final,
+                 strerror(-x->write_err));
+        give_up(x, x->write_err, why);
+    }
+    if (!x->up.err)
+        consume(x);
+}
+
+static void on_imm(mw_conn_t *c, uint32_t imm, void *arg)
+{
+    (void)c;
+    struct receiver *x = arg;
+    if (!x->receiving || x->arrived - x->freed >= x->window || imm > x->chunk) {
+        give_up(x, -EPROTO, "the sender wrote outside the protocol");
+        return;
+    }
+    x->lens[x->arrived++ % x->window] = imm;
+    mc_kick(&x->s.k);
+}
+
+static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct receiver *x = arg;
+    if (x->accepted) {
+        mw_conn_abort(c);         /* one sender per run */
+        return;
+    }
+    x->accepted = c;
+    mc_kick(&x->s.k);
+}
+
+/* --- where a file goes ---------------------------------------------------- */
+
+static int choose_output(struct receiver *x, const struct mc_msg *m, char *err, size_t cap)
+{
+    const char *o = x->s.a->output;
+    bool stream = m->text[0] == 0;
+    x->to_stdout = (o && !strcmp(o, "-")) || (!o && stream);
+    if (x->to_stdout)
+        return 0;
+    char name[MC_NAME_MAX + 1];
+    if (stream) {
+        snprintf(name, sizeof name, "stdin");
+    } else if (mc_safe_name(m->text, name, sizeof name)) {
+        snprintf(err, cap, "refused the file name '%.200s'", m->text);
+        return -EINVAL;
+    }
+    struct stat st;
+    if (o && stat(o, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(x->final, sizeof x->final, "%s/%s", o, name);
+    } else if (o) {
+        if (x->files_out) {
+            snprintf(err, cap, "several files need -o DIR, and %.200s is not a directory", o);
+            return -ENOTDIR;
+        }
+        snprintf(x->final, sizeof x->final, "%s", o);
+    } else {
+        snprintf(x->final, sizeof x->final, "%s", name);
+    }
+    return 0;
+}
+
+static int open_output(struct receiver *x, const struct mc_msg *m, char *err, size_t cap)
+{
+    int rc = choose_output(x, m, err, cap);
+    if (rc || x->to_stdout) {
+        x->fd = rc ? -1 : STDOUT_FILENO;
+        return rc;
+    }
+    if (!x->s.a->force && access(x->final, F_OK) == 0) {
+        snprintf(err, cap, "%.400s exists (the receiver may pass -f to overwrite)", x->final);
+        return -EEXIST;
+    }
+    char dir[PATH_MAX], base[MC_NAME_MAX + 1], part[MC_NAME_MAX + 1];
+    snprintf(dir, sizeof dir, "%s", x->final);
+    char *slash = strrchr(dir, '/');
+    snprintf(base, sizeof base, "%.255s", slash ? slash + 1 : dir);
+    if (slash)
+        slash[1] = 0;
+    else
+        dir[0] = 0;
+    if (mc_partial_name(base, part, sizeof part)) {
+        snprintf(err, cap, "%.200s: name too long", x->final);
+        return -ENAMETOOLONG;
+    }
+    snprintf(x->part, sizeof x->part, "%s%s", dir, part);
+    mode_t mode = m->b & 0777 ? (mode_t)(m->b & 0777) : 0644;
+    x->fd = open(x->part, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (x->fd < 0) {
+        rc = -errno;
+        snprintf(err, cap, "%.400s: %s", x->part, strerror(errno));
+    }
+    return rc;
+}
+
+static void discard_output(struct receiver *x)
+{
+    if (x->fd > STDOUT_FILENO) {
+        close(x->fd);
+        unlink(x->part);
+    }
+    x->fd = -1;
+}
+
+/* Verified: make it visible under its final name (never over an existing
+ * file unless -f). */
+static int publish(struct receiver *x, char *err, size_t cap)
+{
+    if (x->to_stdout) {
+        x->fd = -1;
+        return 0;
+    }
+    int rc = fdatasync(x->fd) < 0 ? -errno : 0;
+    if (close(x->fd) < 0 && !rc)
+        rc = -errno;
+    x->fd = -1;
+    if (!rc && !x->s.a->force && access(x->final, F_OK) == 0)
+        rc = -EEXIST;
+    if (!rc && rename(x->part, x->final) < 0)
+        rc = -errno;
+    if (rc) {
+        snprintf(err, cap, "%.400s: %s", x->final, strerror(-rc));
+        unlink(x->part);
+    }
+    return rc;
+}
+
+/* --- one file ------------------------------------------------------------- */
+
+/* Forward @m down the chain and wait for the reply of type @want. */
+static int ask_down(struct receiver *x, const struct mc_msg *m, enum mc_type want)
+{
+    if (!relaying(x))
+        return 0;
+    mc_send(x->down.c, m);
+    struct mc_msg r;
+    int rc = mc_hop_next(&x->down, &r);
+    if (!rc && r.type != want)
+        mc_hop_fail(&x->down, rc = -EPROTO, "%s: sent %s, not %s", x->down.name,
+                    mc_type_name(r.type), mc_type_name(want));
+    return rc;
+}
+
+static int fail_file(struct receiver *x, int err, const char *why)
+{
+    discard_output(x);
+    x->receiving = false;
+    give_up(x, err, why);
+    mc_say(&x->s, -1, "%s", why);
+    x->said = true;
+    return err;
+}
+
+static int receive_file(struct receiver *x, const struct mc_msg *fm)
+{
+    char err[700];
+    int rc = open_output(x, fm, err, sizeof err);
+    if (rc)
+        return fail_file(x, rc, err);
+    if ((rc = ask_down(x, fm, MC_FILE_OK)))
+        return fail_file(x, rc, x->down.why);
+    x->file_first = x->head;
+    x->bytes = 0;
+    x->write_err = 0;
+    mc_sha_init(&x->sha);
+    x->receiving = true;
+    if (fm->a != MC_SIZE_UNKNOWN)
+        x->s.total += fm->a;
+    mc_send_simple(x->up.c, MC_FILE_OK, 0, 0, NULL);
+    struct mc_msg end;
+    if ((rc = mc_hop_next(&x->up, &end)))
+        return fail_file(x, rc, x->up.why);
+    if (end.type != MC_END)
+        return fail_file(x, -EPROTO, "the sender broke the protocol (no END)");
+    while (!x->up.err && x->head < x->file_first + end.a)
+        mc_sleep(&x->s.k);
+    while (!x->up.err && relaying(x) && x->down.written < x->down.posted)
+        mc_sleep(&x->s.k);
+    x->receiving = false;
+    uint8_t sha[32];
+    mc_sha_final(&x->sha, sha);
+    if (x->up.err)
+        return fail_file(x, x->up.err, x->up.why);
+    const char *name = x->to_stdout ? "stdout" : x->final;
+    if (x->bytes != end.b || memcmp(sha, end.sha256, 32)) {
+        snprintf(err, sizeof err, "%.400s: checksum mismatch (%llu of %llu bytes): data corrupted",
+                 name, (unsigned long long)x->bytes, (unsigned long long)end.b);
+        return fail_file(x, -EBADMSG, err);
+    }
+    if ((rc = ask_down(x, &end, MC_DONE)))
+        return fail_file(x, rc, x->down.why);
+    if ((rc = publish(x, err, sizeof err)))
+        return fail_file(x, rc, err);
+    x->files_out++;
+    char hex[65], who[400];
+    mc_sha_hex(sha, hex);
+    mw_conn_stats_t st;
+    mw_conn_stats(x->up.c, &st);
+    snprintf(who, sizeof who, "%s (%s)%s", st.local, st.device, relaying(x) ? " and on" : "");
+    mc_send_simple(x->up.c, MC_DONE, 0, 0, who);
+    mc_say(&x->s, 1, "%s: %llu bytes, sha256 %s verified", name, (unsigned long long)x->bytes,
+           hex);
+    return 0;
+}
+
+/* --- the session ---------------------------------------------------------- */
+
+static int accept_one(struct receiver *x)
+{
+    const struct mc_args *a = x->s.a;
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(a->listen.host, ':') ? "[%s]:%d" : "%s:%d",
+             a->listen.host[0] ? a->listen.host : "*", a->listen.port);
+    int rc = mw_listen(x->s.ctx, addr, NULL, on_accept, x, &x->listener);
+    if (rc) {
+        mc_say(&x->s, -1, "cannot listen on %s: %s", addr, mw_strerror(rc));
+        return rc;
+    }
+    mc_say(&x->s, 1, "listening on %s", addr);
+    while (!x->accepted && !x->s.interrupted)
+        mc_sleep(&x->s.k);
+    mw_listener_free(x->listener);
+    x->listener = NULL;
+    if (!x->accepted)
+        return -EINTR;
+    mw_conn_stats_t st;
+    mw_conn_stats(x->accepted, &st);
+    mc_hop_start(&x->up, &x->s.k, x->accepted, st.remote);
+    return 0;
+}
+
+/* Connect to the next receiver of the chain, if any; READY from it. */
+static int open_down(struct receiver *x, const char *hops)
+{
+    if (!*hops)
+        return 0;
+    char next[300];
+    snprintf(next, sizeof next, "%.*s", (int)strcspn(hops, ","), hops);
+    const char *rest = hops + strcspn(hops, ",");
+    rest += *rest == ',';
+    if (mc_hop_connect(&x->down, &x->s.k, next, (unsigned)(x->s.a->timeout_s * 1000)))
+        return -ECONNREFUSED;
+    struct mc_msg m = {.type = MC_HELLO, .a = x->chunk, .b = x->window}, r;
+    snprintf(m.text, sizeof m.text, "%s", rest);
+    mc_send(x->down.c, &m);
+    if (mc_hop_next(&x->down, &r))
+        return x->down.err;
+    if (r.type != MC_READY || r.ring.len < (uint64_t)x->chunk * x->window) {
+        mc_hop_fail(&x->down, -EPROTO, "%s: bad READY", next);
+        return -EPROTO;
+    }
+    x->down.ring = r.ring;
+    x->down.chunk = x->chunk;
+    x->down.window = x->window;
+    return 0;
+}
+
+static int handshake(struct receiver *x)
+{
+    struct mc_msg m;
+    int rc = mc_hop_next(&x->up, &m);
+    if (rc)
+        return rc;
+    if (m.type != MC_HELLO || m.a < 1 || m.b < 1 || m.b > MC_WINDOW_MAX || m.a > MC_CHUNK_MAX ||
+        m.a * m.b > RING_MAX) {
+        give_up(x, -EPROTO, "bad HELLO");
+        return -EPROTO;
+    }
+    x->chunk = m.a;
+    x->window = (unsigned)m.b;
+    if ((rc = open_down(x, m.text))) {
+        give_up(x, rc, x->down.why);
+        return rc;
+    }
+    x->ring = mw_alloc(x->s.ctx, x->chunk * x->window);
+    x->lens = calloc(x->window, sizeof *x->lens);
+    struct mc_msg r = {.type = MC_READY};
+    if (!x->ring || !x->lens || mw_mem_export(x->up.c, x->ring, x->chunk * x->window, &r.ring)) {
+        give_up(x, -ENOMEM, "the receiver is out of memory");
+        return -ENOMEM;
+    }
+    mw_conn_stats_t st;
+    mw_conn_stats(x->up.c, &st);
+    snprintf(r.text, sizeof r.text, "%s (%s)", st.local, st.device);
+    mw_conn_on_imm(x->up.c, on_imm, x);
+    mc_send(x->up.c, &r);
+    return 0;
+}
+
+static void summary(struct receiver *x)
+{
+    mw_conn_stats_t st;
+    mw_conn_stats(x->up.c, &st);
+    char nic[200], line[600];
+    snprintf(nic, sizeof nic, "%s %s", st.device, st.local);
+    mc_summary_line(line, sizeof line, x->s.done, mc_now() - x->s.t0, nic, st.remote);
+    mc_say(&x->s, 0, "received %d file%s, %s", x->files_out, x->files_out == 1 ? "" : "s", line);
+}
+
+int mc_recv_main(const struct mc_args *a)
+{
+    struct receiver x = {.fd = -1};
+    if (mc_session_init(&x.s, a, react, &x) < 0) {
+        fprintf(stderr, "meshcat: cannot set up: %s\n", strerror(errno));
+        mc_session_free(&x.s);
+        return MC_EXIT_FAIL;
+    }
+    int rc = accept_one(&x);
+    if (!rc && !(rc = handshake(&x))) {
+        x.s.t0 = mc_now();
+        mc_rate_init(&x.s.rate, x.s.t0);
+    }
+    struct mc_msg m;
+    while (!rc && !(rc = mc_hop_next(&x.up, &m)) && m.type != MC_BYE) {
+        if (m.type != MC_FILE) {
+            give_up(&x, -EPROTO, "the sender broke the protocol");
+            rc = -EPROTO;
+        } else {
+            rc = receive_file(&x, &m);
+        }
+    }
+    mc_progress_done(&x.s);
+    if (!rc) {
+        if (relaying(&x))
+            mc_send_simple(x.down.c, MC_BYE, 0, 0, NULL);
+        summary(&x);
+    } else if (!x.said && x.up.err) {
+        mc_say(&x.s, -1, "%s%s", x.up.peer_error ? "transfer failed: " : "", x.up.why);
+    }
+    discard_output(&x);
+    mw_conn_on_imm(x.up.c, NULL, NULL);
+    mc_hop_close(&x.down);
+    mc_hop_close(&x.up);
+    mw_free(x.s.ctx, x.ring);
+    free(x.lens);
+    mc_session_free(&x.s);
+    return rc ? MC_EXIT_FAIL : MC_EXIT_OK;
+}

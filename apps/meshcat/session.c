@@ -1,0 +1,149 @@
+/* The context, progress line, user messages, signals and checksums that
+ * the sender and the receiver share. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "session.h"
+
+#define TICK_MS 250
+
+double mc_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int term_width(void)
+{
+    struct winsize w;
+    return ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0 ? w.ws_col : 80;
+}
+
+static void clear_line(struct mc_session *s)
+{
+    if (s->shown)
+        fputs("\r\033[K", stderr);
+    s->shown = false;
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct mc_session *s = arg;
+    char line[512];
+    mc_rate_update(&s->rate, mc_now(), s->done);
+    mc_progress_line(line, sizeof line, s->done, s->total, mc_rate_get(&s->rate),
+                     term_width() - 1);
+    fprintf(stderr, "\r%s\033[K", line);
+    fflush(stderr);
+    s->shown = true;
+}
+
+void mc_progress_done(struct mc_session *s)
+{
+    if (s->tick)
+        event_del(s->tick);
+    if (s->shown) {
+        on_tick(-1, 0, s);
+        fputc('\n', stderr);
+        s->shown = false;
+    }
+}
+
+void mc_say(struct mc_session *s, int level, const char *fmt, ...)
+{
+    if (level > s->a->verbose && !(level == 0 && s->a->verbose >= 0))
+        return;
+    clear_line(s);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("meshcat: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    struct mc_session *s = arg;
+    s->interrupted = (int)sig;
+    mc_kick(&s->k);
+}
+
+int mc_session_init(struct mc_session *s, const struct mc_args *a, void (*react)(void *),
+                    void *arg)
+{
+    *s = (struct mc_session){.a = a};
+    signal(SIGPIPE, SIG_IGN);    /* a closed stdout is an EPIPE, reported */
+    if (!(s->base = event_base_new()))
+        return -1;
+    if (mw_ctx_new(&s->ctx, s->base, NULL) < 0)
+        return -1;
+    s->k = (struct mc_waker){.ctx = s->ctx, .react = react, .arg = arg};
+    s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
+    if (!s->sigint || !s->sigterm)
+        return -1;
+    evsignal_add(s->sigint, NULL);
+    evsignal_add(s->sigterm, NULL);
+    s->show = a->verbose >= 0 && (a->progress || isatty(STDERR_FILENO));
+    s->t0 = mc_now();
+    mc_rate_init(&s->rate, s->t0);
+    if (s->show) {
+        struct timeval tv = {0, TICK_MS * 1000};
+        s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
+        if (!s->tick)
+            return -1;
+        event_add(s->tick, &tv);
+    }
+    return 0;
+}
+
+void mc_session_free(struct mc_session *s)
+{
+    clear_line(s);
+    if (s->tick)
+        event_free(s->tick);
+    if (s->sigint)
+        event_free(s->sigint);
+    if (s->sigterm)
+        event_free(s->sigterm);
+    if (s->ctx)
+        mw_ctx_free(s->ctx);
+    if (s->base)
+        event_base_free(s->base);
+}
+
+int mc_sha_init(struct mc_sha *h)
+{
+    h->md = EVP_MD_CTX_new();
+    return h->md && EVP_DigestInit_ex(h->md, EVP_sha256(), NULL) == 1 ? 0 : -1;
+}
+
+void mc_sha_update(struct mc_sha *h, const void *p, size_t n)
+{
+    EVP_DigestUpdate(h->md, p, n);
+}
+
+void mc_sha_final(struct mc_sha *h, uint8_t out[32])
+{
+    unsigned len = 32;
+    EVP_DigestFinal_ex(h->md, out, &len);
+    EVP_MD_CTX_free(h->md);
+    h->md = NULL;
+}
+
+void mc_sha_hex(const uint8_t d[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}

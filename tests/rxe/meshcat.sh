@@ -1,0 +1,105 @@
+#!/bin/bash
+# meshcat end to end on one node, from one rxe device to the other: sizes
+# 0 B .. 300 MB byte-identical (sha256), several files at once,
+# stdin -> stdout, names sanitised, no overwrite without -f, a refused
+# connection, and a sender or receiver killed mid-transfer.
+#   meshcat.sh MESHCAT      (run by meson in the rxe suite)
+set -u
+source "$(dirname "$0")/../lib/rdma.sh"
+need_rdma
+MC=$(realpath "$1")
+IFS=, read -ra A <<<"${MW_ADDRS:?}"
+dst=${A[-1]}                      # listen here; the sender goes through the route
+W=$(mktemp -d /tmp/meshcat-test.XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$W"' EXIT
+cd "$W" || exit 1
+mkdir src out
+port=$((7500 + RANDOM % 1000))
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+next_port() { port=$((port + 1)); }
+
+# receive IN THE BACKGROUND: recv OUT_ARGS...; sets rpid
+recv() { "$MC" -q -t 20 -l "$dst:$port" "$@" 2>recv.err & rpid=$!; }
+# same FILE...: every FILE is byte-identical in out/
+same() {
+    local f
+    for f; do
+        [[ -f out/$(basename "$f") ]] && cmp -s "$f" "out/$(basename "$f")" || return 1
+    done
+}
+
+tee src/zero </dev/null; head -c 1 /dev/urandom >src/one
+head -c 4095 /dev/urandom >src/page-1; head -c $((1048576 + 1)) /dev/urandom >src/mib+1
+for f in src/zero src/one src/page-1 src/mib+1; do
+    recv -o out; "$MC" -q -t 20 "$dst:$port" "$f" 2>send.err; s=$?; wait $rpid; r=$?
+    if ((s == 0 && r == 0)) && same "$f" && [[ $(sha256sum <"$f") == $(sha256sum <"out/${f#src/}") ]]; then
+        ok "$(stat -c %s "$f") bytes, sha256 identical"
+    else bad "$f: send $s recv $r: $(cat send.err recv.err)"; fi
+    next_port
+done
+
+head -c 300000000 /dev/urandom >src/big
+recv -o out
+"$MC" -t 20 "$dst:$port" src/big 2>send.err; s=$?; wait $rpid; r=$?
+if ((s == 0 && r == 0)) && [[ $(sha256sum <src/big) == $(sha256sum <out/big) ]]; then
+    ok "300 MB, sha256 identical ($(tail -1 send.err))"
+else bad "300 MB: send $s recv $r: $(cat send.err recv.err)"; fi
+rm -f out/big; next_port
+
+mkdir out/many
+recv -o out/many; "$MC" -q -t 20 "$dst:$port" src/one src/page-1 src/mib+1 2>send.err; s=$?
+wait $rpid; r=$?
+if ((s == 0 && r == 0)) && cmp -s src/one out/many/one && cmp -s src/page-1 out/many/page-1 &&
+    cmp -s src/mib+1 out/many/mib+1; then ok "three files at once"
+else bad "three files: send $s recv $r: $(cat send.err recv.err)"; fi
+next_port
+
+"$MC" -q -t 20 -l "$dst:$port" >stream.out 2>recv.err & rpid=$!
+cat src/mib+1 src/page-1 | "$MC" -q -t 20 "$dst:$port" 2>send.err; s=$?; wait $rpid; r=$?
+if ((s == 0 && r == 0)) && cat src/mib+1 src/page-1 >stream.want && cmp -s stream.want stream.out; then ok "stdin -> stdout"
+else bad "stdin -> stdout: send $s recv $r: got $(wc -c <stream.out) bytes: $(cmp stream.want stream.out 2>&1) $(cat send.err recv.err)"; fi
+next_port
+
+cp src/one 'src/..\..\escaped'
+mkdir -p out/jail
+recv -o out/jail; "$MC" -q -t 20 "$dst:$port" 'src/..\..\escaped' 2>send.err; s=$?; wait $rpid; r=$?
+if ((s == 0 && r == 0)) && [[ -f out/jail/escaped && ! -e escaped && ! -e out/escaped ]]; then
+    ok "a name with ..\\ written inside the target directory only"
+else bad "name sanitising: send $s recv $r: $(ls -R out | tr '\n' ' ') $(cat send.err recv.err)"; fi
+next_port
+
+echo old >out/one.txt; cp src/one src/one.txt
+recv -o out; "$MC" -q -t 20 "$dst:$port" src/one.txt 2>send.err; s=$?; wait $rpid; r=$?
+if ((s == 1 && r == 1)) && [[ $(cat out/one.txt) == old ]] && grep -q "exists" send.err; then
+    ok "no overwrite without -f: $(cat send.err)"
+else bad "overwrite: send $s recv $r: $(cat send.err recv.err)"; fi
+recv -o out -f; "$MC" -q -t 20 "$dst:$port" src/one.txt 2>send.err; s=$?; wait $rpid; r=$?
+if ((s == 0 && r == 0)) && cmp -s src/one.txt out/one.txt; then ok "-f overwrites"
+else bad "-f: send $s recv $r: $(cat send.err recv.err)"; fi
+next_port
+
+"$MC" -q -t 1 "$dst:$port" src/one 2>send.err; s=$?
+if ((s == 1)) && grep -q "refused" send.err; then ok "nobody listening: $(cat send.err)"
+else bad "refused: send $s: $(cat send.err)"; fi
+"$MC" -q --bogus 2>send.err; s=$?
+((s == 2)) && ok "usage error exits 2" || bad "usage error exits $s"
+
+# killed sender: the receiver exits non-zero and leaves no file named big
+recv -o out; "$MC" -q -t 20 "$dst:$port" src/big 2>send.err & spid=$!
+sleep 2; kill -9 $spid; wait $spid 2>/dev/null
+wait $rpid; r=$?
+if ((r != 0)) && [[ ! -e out/big ]]; then ok "sender killed: receiver exit $r, no out/big ($(cat recv.err))"
+else bad "sender killed: receiver exit $r, $(ls out)"; fi
+rm -f out/.big.meshcat-part; next_port
+
+# killed receiver: the sender exits non-zero with a message
+recv -o out; "$MC" -q -t 5 "$dst:$port" src/big 2>send.err & spid=$!
+sleep 2; kill -9 $rpid; wait $rpid 2>/dev/null
+wait $spid; s=$?
+if ((s != 0)) && [[ -s send.err ]]; then ok "receiver killed: sender exit $s ($(cat send.err))"
+else bad "receiver killed: sender exit $s"; fi
+
+((fails == 0)) && echo "all meshcat checks passed" || echo "$fails meshcat checks FAILED"
+exit $((fails > 0))
