@@ -13,7 +13,7 @@
  *   per file:  FILE name, size       ->
  *                                    <-     FILE_OK (or ERROR)
  *              chunks ...            ->     <- CREDIT ...
- *              END chunks, bytes, sha256 ->
+ *              END chunks, bytes, checksum ->
  *                                    <-     DONE (verified and renamed, on every hop)
  *   BYE                              ->     (the receiver closes)
  *
@@ -29,7 +29,7 @@
 #include "meshwire.h"
 
 #define MC_MAGIC 0x5441434du      /* "MCAT" */
-#define MC_PROTO_VERSION 1
+#define MC_PROTO_VERSION 2
 #define MC_TEXT_MAX 1024
 #define MC_SIZE_UNKNOWN UINT64_MAX
 
@@ -44,7 +44,7 @@ struct mc_msg {
     uint64_t a, b;                /* HELLO: chunk, window; FILE: size, mode;
                                      END: chunks, bytes; CREDIT: slots freed */
     mw_remote_t ring;             /* READY */
-    uint8_t sha256[32];           /* END */
+    uint8_t sum[16];              /* END: XXH3-128 of the file */
     char text[MC_TEXT_MAX];       /* HELLO: later hops "h:p,h:p"; FILE: name;
                                      READY: the receiver's NIC; ERROR: why */
 };

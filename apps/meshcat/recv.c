@@ -3,7 +3,7 @@
  * arrived chunk is written to the output and hashed, and on a relay also
  * written on from the same slot into the next receiver's ring; a slot is
  * credited back to the sender once both are done with it.  A file is
- * written under a hidden partial name and renamed only after its SHA-256
+ * written under a hidden partial name and renamed only after its checksum
  * matched the sender's (and the rest of the chain's did too). */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +35,7 @@ struct receiver {
     bool to_stdout;
     char final[PATH_MAX], part[PATH_MAX];
     uint64_t file_first, bytes;   /* its first chunk; its bytes so far */
-    struct mc_sha sha;
+    struct mc_sum sum;
     int write_err;
     int files_out;                /* files written this run (for -o FILE) */
     bool said;                    /* the failure was reported to the user */
@@ -75,7 +75,7 @@ static void consume(struct receiver *x)
             }
             off += (size_t)n;
         }
-        mc_sha_update(&x->sha, p, len);
+        mc_sum_update(&x->sum, p, len);
         if (relaying(x) && mc_hop_post(&x->down, p, len) < 0) {
             mc_hop_fail(&x->down, -ENOMEM, "out of memory");
             return;
@@ -268,7 +268,7 @@ static int receive_file(struct receiver *x, const struct mc_msg *fm)
     x->file_first = x->head;
     x->bytes = 0;
     x->write_err = 0;
-    mc_sha_init(&x->sha);
+    mc_sum_init(&x->sum);
     x->receiving = true;
     if (fm->a != MC_SIZE_UNKNOWN)
         x->s.total += fm->a;
@@ -283,12 +283,12 @@ static int receive_file(struct receiver *x, const struct mc_msg *fm)
     while (!x->up.err && relaying(x) && x->down.written < x->down.posted)
         mc_sleep(&x->s.k);
     x->receiving = false;
-    uint8_t sha[32];
-    mc_sha_final(&x->sha, sha);
+    uint8_t sum[MC_SUM_LEN];
+    mc_sum_final(&x->sum, sum);
     if (x->up.err)
         return fail_file(x, x->up.err, x->up.why);
     const char *name = x->to_stdout ? "stdout" : x->final;
-    if (x->bytes != end.b || memcmp(sha, end.sha256, 32)) {
+    if (x->bytes != end.b || memcmp(sum, end.sum, MC_SUM_LEN)) {
         snprintf(err, sizeof err, "%.400s: checksum mismatch (%llu of %llu bytes): data corrupted",
                  name, (unsigned long long)x->bytes, (unsigned long long)end.b);
         return fail_file(x, -EBADMSG, err);
@@ -299,12 +299,12 @@ static int receive_file(struct receiver *x, const struct mc_msg *fm)
         return fail_file(x, rc, err);
     x->files_out++;
     char hex[65], who[400];
-    mc_sha_hex(sha, hex);
+    mc_sum_hex(sum, hex);
     mw_conn_stats_t st;
     mw_conn_stats(x->up.c, &st);
     snprintf(who, sizeof who, "%s (%s)%s", st.local, st.device, relaying(x) ? " and on" : "");
     mc_send_simple(x->up.c, MC_DONE, 0, 0, who);
-    mc_say(&x->s, 1, "%s: %llu bytes, sha256 %s verified", name, (unsigned long long)x->bytes,
+    mc_say(&x->s, 1, "%s: %llu bytes, checksum %s verified", name, (unsigned long long)x->bytes,
            hex);
     return 0;
 }

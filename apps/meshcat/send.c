@@ -25,7 +25,7 @@ struct sender {
     bool eof, sending, readable_wait;
     size_t fill;                  /* bytes read into the next chunk so far */
     uint64_t chunks, bytes;       /* of this file */
-    struct mc_sha sha;
+    struct mc_sum sum;
     int read_err;
     struct event *readable;
 };
@@ -64,7 +64,7 @@ static void pump(struct sender *x)
         uint8_t *buf = x->bufs + (h->posted % h->window) * h->chunk;
         if (!fill_chunk(x, buf))
             continue;             /* EOF with nothing read, an error, or wait */
-        mc_sha_update(&x->sha, buf, x->fill);
+        mc_sum_update(&x->sum, buf, x->fill);
         if (mc_hop_post(h, buf, x->fill) < 0) {
             mc_hop_fail(h, -ENOMEM, "out of memory");
             return;
@@ -155,7 +155,7 @@ static int send_one(struct sender *x, const char *path)
     x->eof = x->readable_wait = false;
     x->chunks = x->bytes = 0;
     x->read_err = 0;
-    mc_sha_init(&x->sha);
+    mc_sum_init(&x->sum);
     x->sending = true;
     pump(x);
     while (!x->down.err && !(x->eof && x->down.written == x->down.posted))
@@ -163,7 +163,7 @@ static int send_one(struct sender *x, const char *path)
     x->sending = false;
     close_source(x);
     m = (struct mc_msg){.type = MC_END, .a = x->chunks, .b = x->bytes};
-    mc_sha_final(&x->sha, m.sha256);
+    mc_sum_final(&x->sum, m.sum);
     if (x->down.err)
         return fail_hop(x);
     if (x->read_err) {
@@ -179,9 +179,9 @@ static int send_one(struct sender *x, const char *path)
                     mc_type_name(r.type));
         return fail_hop(x);
     }
-    char hex[65];
-    mc_sha_hex(m.sha256, hex);
-    mc_say(&x->s, 1, "%s: %llu bytes, sha256 %s verified by %s", path ? path : "stdin",
+    char hex[2 * MC_SUM_LEN + 1];
+    mc_sum_hex(m.sum, hex);
+    mc_say(&x->s, 1, "%s: %llu bytes, checksum %s verified by %s", path ? path : "stdin",
            (unsigned long long)x->bytes, hex, r.text);
     return 0;
 }

@@ -123,27 +123,28 @@ void mc_session_free(struct mc_session *s)
         event_base_free(s->base);
 }
 
-int mc_sha_init(struct mc_sha *h)
+int mc_sum_init(struct mc_sum *h)
 {
-    h->md = EVP_MD_CTX_new();
-    return h->md && EVP_DigestInit_ex(h->md, EVP_sha256(), NULL) == 1 ? 0 : -1;
+    h->st = XXH3_createState();
+    return h->st && XXH3_128bits_reset(h->st) == XXH_OK ? 0 : -1;
 }
 
-void mc_sha_update(struct mc_sha *h, const void *p, size_t n)
+void mc_sum_update(struct mc_sum *h, const void *p, size_t n)
 {
-    EVP_DigestUpdate(h->md, p, n);
+    XXH3_128bits_update(h->st, p, n);
 }
 
-void mc_sha_final(struct mc_sha *h, uint8_t out[32])
+void mc_sum_final(struct mc_sum *h, uint8_t out[MC_SUM_LEN])
 {
-    unsigned len = 32;
-    EVP_DigestFinal_ex(h->md, out, &len);
-    EVP_MD_CTX_free(h->md);
-    h->md = NULL;
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(h->st));
+    memcpy(out, c.digest, MC_SUM_LEN);
+    XXH3_freeState(h->st);
+    h->st = NULL;
 }
 
-void mc_sha_hex(const uint8_t d[32], char out[65])
+void mc_sum_hex(const uint8_t d[MC_SUM_LEN], char out[2 * MC_SUM_LEN + 1])
 {
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < MC_SUM_LEN; i++)
         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
