@@ -49,6 +49,10 @@ typedef struct mw_ctx_opts {
     unsigned cq_depth;        /**< CQ entries per device; 0 = min(4096, device max) */
     unsigned max_wc_per_turn; /**< completions handled per loop turn before
                                    yielding to other events; 0 = 1024 */
+    int threads;              /**< non-zero: accept mw_ctx_post/mw_ctx_call
+                                   from other threads (adds a persistent
+                                   event, so a libevent loop never runs out
+                                   of events); default 0 */
 } mw_ctx_opts_t;
 
 /** mw_ctx_opts_init() - fill @opts with the defaults. */
@@ -95,6 +99,52 @@ typedef struct mw_ctx_stats {
 
 /** mw_ctx_stats() - copy the context's counters into @out. */
 MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
+
+/*
+ * Loops other than libevent (epoll, libuv, glib, asyncio...).  A context
+ * that owns its base (created with base NULL) offers one descriptor that
+ * stands for all of its work:
+ *
+ *     int fd = mw_ctx_fd(ctx);              // add to your loop, for reading
+ *     ...when fd is readable (or at once after you queued meshwire work):
+ *     mw_ctx_progress(ctx);                 // runs what is due, never blocks
+ *
+ * Completions, connection events, timers and hand-offs from other threads
+ * all make it readable.  Call mw_ctx_progress() again whenever it is
+ * readable; it is level-triggered.  (On a caller's libevent base, run that
+ * base instead: mw_ctx_fd() returns -EINVAL there.)
+ */
+/** mw_ctx_fd() - the descriptor (owned by the context; do not close it), or
+ *  a negative errno. */
+MW_EXTERN int mw_ctx_fd(mw_ctx_t *ctx);
+/** mw_ctx_progress() - do the work that is due without blocking: 0, or
+ *  -EINVAL (not an own base), -EDEADLK (from inside a callback). */
+MW_EXTERN int mw_ctx_progress(mw_ctx_t *ctx);
+
+/*
+ * Threads.  A context and everything made from it belong to the thread that
+ * created it and runs its loop (the loop thread).  From any other thread
+ * only these are safe (besides the functions documented "Thread-safe"):
+ * they hand work to the loop thread through an eventfd, waking it.
+ * Join the threads that use them before mw_ctx_free().
+ */
+/** A function to run on the loop thread. */
+typedef void (*mw_task_fn)(mw_ctx_t *ctx, void *arg);
+/** mw_ctx_post() - run @fn(@ctx, @arg) on the loop thread soon, in the order
+ *  posted.  Thread-safe.  Return: 0, -EINVAL, -ENOMEM, or -ENOTSUP when the
+ *  context was not created with opts.threads. */
+MW_EXTERN int mw_ctx_post(mw_ctx_t *ctx, mw_task_fn fn, void *arg);
+/** Starts an operation on the loop thread and returns its future (the
+ *  reference passes to meshwire), or NULL when out of memory. */
+typedef mw_future_t *(*mw_start_fn)(mw_ctx_t *ctx, void *arg);
+/**
+ * mw_ctx_call() - run @fn on the loop thread and wait, on this thread, until
+ * the future it returns completes.  Thread-safe, but never on the loop
+ * thread itself (-EDEADLK: nobody would run the loop).
+ * @value: receives the future's value when done (may be NULL).
+ * Return: 0 when the future was done, else its error.
+ */
+MW_EXTERN int mw_ctx_call(mw_ctx_t *ctx, mw_start_fn fn, void *arg, void **value);
 
 /* ------------------------------------------------------------------------
  * Futures: the result of one operation, completed on the loop

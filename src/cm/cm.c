@@ -57,6 +57,7 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
         mw_listener_free(mw__container_of(cm->listeners.next, mw_listener_t, link));
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
+    mw__unwatch_fd(ctx, cm->ch->fd);
     event_free(cm->ev);
     rdma_destroy_event_channel(cm->ch);
     free(cm->nics);
@@ -84,7 +85,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     int fl = fcntl(cm->ch->fd, F_GETFL);
     fcntl(cm->ch->fd, F_SETFL, fl | O_NONBLOCK);
     cm->ev = event_new(ctx->base, cm->ch->fd, EV_READ | EV_PERSIST, on_cm_readable, ctx);
-    if (!cm->ev || event_add(cm->ev, NULL) < 0) {
+    if (!cm->ev || event_add(cm->ev, NULL) < 0 || mw__watch_fd(ctx, cm->ch->fd) < 0) {
         if (cm->ev)
             event_free(cm->ev);
         rdma_destroy_event_channel(cm->ch);

@@ -179,7 +179,7 @@ void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c))
         return;                       /* out of memory: the step has no deadline */
     c->timer_fn = fn;
     struct timeval tv = {c->opts.timeout_ms / 1000, (c->opts.timeout_ms % 1000) * 1000};
-    evtimer_add(c->timer, &tv);
+    mw__ev_add(c->ctx, c->timer, &tv);
 }
 
 void mw__conn_disarm_timer(mw_conn_t *c)

@@ -465,7 +465,7 @@ void mw__conn_pump(mw_conn_t *c)
         if (!c->pump_ev)
             c->pump_ev = evtimer_new(c->ctx->base, on_pump, c);
         if (c->pump_ev)
-            event_add(c->pump_ev, &mw__zero_tv);
+            mw__ev_add(c->ctx, c->pump_ev, &mw__zero_tv);
     }
     mw__conn_maybe_finish(c);
 }
@@ -533,5 +533,5 @@ void mw__probe_arm(mw_conn_t *c)
     unsigned ms = c->opts.keepalive_ms ? c->opts.keepalive_ms : c->opts.timeout_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     c->rx_seen_at_probe = c->rx_activity;
-    evtimer_add(c->probe_ev, &tv);
+    mw__ev_add(c->ctx, c->probe_ev, &tv);
 }

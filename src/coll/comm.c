@@ -308,7 +308,7 @@ static void on_connected(mw_future_t *f, void *arg)
     } else if (comm->create_f && !comm->freed) {   /* not up yet: again shortly */
         MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
         struct timeval tv = {0, RETRY_MS * 1000};
-        event_add(k->retry, &tv);
+        mw__ev_add(comm->ctx, k->retry, &tv);
         mw_future_unref(f);
         return;
     }
@@ -381,7 +381,7 @@ static int start(mw_comm_t *comm, const char *const *peers)
         try_connect(k);
     }
     struct timeval tv = {comm->opts.timeout_ms / 1000, (comm->opts.timeout_ms % 1000) * 1000};
-    return event_add(comm->deadline, &tv) < 0 ? -EIO : 0;
+    return mw__ev_add(comm->ctx, comm->deadline, &tv);
 }
 
 mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *const *peers,

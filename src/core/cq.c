@@ -83,7 +83,7 @@ void mw__cq_handle(struct mw__cq *cq)
         /* A zero timer, not event_active: libevent runs events activated
          * during a pass in that same pass, which would never yield. */
         cq->backlog = true;
-        event_add(cq->resume_ev, &mw__zero_tv);
+        mw__ev_add(cq->ctx, cq->resume_ev, &mw__zero_tv);
     }
     if (cq->unacked) {                /* one ack per wake-up, not per event */
         cq->drv->ack_events(cq->cq, cq->unacked);
@@ -112,7 +112,7 @@ int mw__cq_start(mw_ctx_t *ctx, struct mw__cq *cq, const struct mw__cq_driver *d
     cq->ev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_event, cq);
     cq->resume_ev = evtimer_new(ctx->base, on_event, cq);
     int rc = cq->ev && cq->resume_ev ? drv->req_notify(vcq) : -ENOMEM;
-    if (rc < 0 || event_add(cq->ev, NULL) < 0) {
+    if (rc < 0 || event_add(cq->ev, NULL) < 0 || (rc = mw__watch_fd(ctx, fd)) < 0) {
         mw__cq_stop(cq);
         return rc < 0 ? rc : -EIO;
     }
@@ -122,8 +122,10 @@ int mw__cq_start(mw_ctx_t *ctx, struct mw__cq *cq, const struct mw__cq_driver *d
 
 void mw__cq_stop(struct mw__cq *cq)
 {
-    if (cq->ev)
+    if (cq->ev) {
+        mw__unwatch_fd(cq->ctx, event_get_fd(cq->ev));
         event_free(cq->ev);
+    }
     if (cq->resume_ev)
         event_free(cq->resume_ev);
     cq->ev = cq->resume_ev = NULL;

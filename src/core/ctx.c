@@ -39,8 +39,10 @@ void mw__defer(mw_ctx_t *ctx, struct mw__task *t)
     t->pass = ctx->defer_pass;
     *ctx->defer_tail = t;
     ctx->defer_tail = &t->next;
-    if (!ctx->in_callback)        /* else mw__run_deferred schedules it */
+    if (!ctx->in_callback) {      /* else mw__run_deferred schedules it */
         event_active(ctx->defer_ev, EV_READ, 0);
+        mw__loop_kick(ctx);
+    }
 }
 
 void mw__defer_cancel(mw_ctx_t *ctx, struct mw__task *t)
@@ -79,7 +81,7 @@ void mw__run_deferred(mw_ctx_t *ctx)
      * timer, because libevent would run a re-activated event in this same
      * pass, and a chain of callbacks would never yield. */
     if (ctx->defer_head)
-        event_add(ctx->defer_ev, &mw__zero_tv);
+        mw__ev_add(ctx, ctx->defer_ev, &mw__zero_tv);
 }
 
 int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts)
@@ -100,7 +102,13 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
     ctx->defer_tail = &ctx->defer_head;
     ctx->base = base;
     if (!base) {
-        ctx->base = event_base_new();
+        /* a precise (CLOCK_MONOTONIC) clock, as mw_ctx_fd's timerfd uses */
+        struct event_config *cfg = event_config_new();
+        if (cfg)
+            event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+        ctx->base = cfg ? event_base_new_with_config(cfg) : NULL;
+        if (cfg)
+            event_config_free(cfg);
         if (!ctx->base)
             goto fail;
         ctx->own_base = true;
@@ -108,7 +116,8 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
     ctx->defer_ev = event_new(ctx->base, -1, 0, on_defer, ctx);
     if (!ctx->defer_ev)
         goto fail;
-    if ((rc = mw__ops_new(ctx)) < 0 || (rc = mw__mem_new(ctx, NULL)) < 0)
+    if ((rc = mw__loop_new(ctx)) < 0 || (rc = mw__ops_new(ctx)) < 0 ||
+        (rc = mw__mem_new(ctx, NULL)) < 0)
         goto fail;
     *ctxp = ctx;
     return 0;
@@ -135,6 +144,7 @@ void mw_ctx_free(mw_ctx_t *ctx)
     mw__mem_free(ctx);       /* MRs before the PDs they belong to */
     mw__devs_free(ctx);      /* CQs, PDs, the completion channel */
     mw__ops_free(ctx);
+    mw__loop_free(ctx);
     if (ctx->defer_ev)
         event_free(ctx->defer_ev);
     if (ctx->own_base)

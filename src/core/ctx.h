@@ -15,6 +15,7 @@ struct event;
 struct mw__mem;
 struct mw__devs;
 struct mw__ops;
+struct mw__loop;
 
 /* A unit of work to run from the loop (never inside the call that queues
  * it).  Embedded in the object it belongs to; queued at most once. */
@@ -50,8 +51,19 @@ struct mw_ctx {
     struct mw__ops *ops;          /* operation records: wr_id -> op */
     struct mw__mem *mem;          /* registered arena + registration cache */
     struct mw__layer layers[MW__LAYERS];
+    struct mw__loop *loop;        /* mw_ctx_fd's epoll set, hand-offs (loop.c) */
     bool closing;
 };
+
+/* loop.c: every descriptor the context watches and every timer it adds go
+ * through these, so that mw_ctx_fd() can stand for the whole loop. */
+int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv);
+int mw__watch_fd(mw_ctx_t *ctx, int fd);
+void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
+/* mw__loop_kick() - after event_active() from outside the loop. */
+void mw__loop_kick(mw_ctx_t *ctx);
+int mw__loop_new(mw_ctx_t *ctx);
+void mw__loop_free(mw_ctx_t *ctx);
 
 /* A zero timeout: "on the next loop turn, after I/O". */
 extern const struct timeval mw__zero_tv;

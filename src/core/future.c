@@ -467,7 +467,7 @@ int mw_future_set_timeout(mw_future_t *f, unsigned ms)
     if (!f->timer && !(f->timer = evtimer_new(f->ctx->base, on_timeout, f)))
         return -ENOMEM;
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    if (evtimer_add(f->timer, &tv) < 0)
+    if (mw__ev_add(f->ctx, f->timer, &tv) < 0)
         return -ENOMEM;
     f->timeout_ms = ms;
     return 0;

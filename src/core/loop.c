@@ -1,0 +1,366 @@
+/* The loop seen from outside: one file descriptor for loops that are not
+ * libevent (mw_ctx_fd + mw_ctx_progress), and hand-offs from other threads
+ * (mw_ctx_post, mw_ctx_call).
+ *
+ * The descriptor is an epoll set of meshwire's own: every descriptor the
+ * context watches (completion channels, the rdma_cm channel, the hand-off
+ * eventfd) plus a timerfd set to the earliest deadline of the context's
+ * timers.  Deadlines are kept in a min-heap as they are added (on a base
+ * the context owns, the only kind mw_ctx_fd serves); one whose timer was
+ * deleted or re-added stays until it passes and costs at most a spurious
+ * wake-up, never a missed one. */
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "core/ctx.h"
+#include "core/future.h"
+
+struct post {
+    struct post *next;
+    mw_task_fn fn;
+    void *arg;
+};
+
+struct mw__loop {
+    /* the descriptor of mw_ctx_fd, once asked for */
+    int epfd, tfd;
+    int *fds;
+    size_t nfds, capfds;
+    uint64_t *heap;               /* deadlines, ns on CLOCK_MONOTONIC */
+    size_t nheap, capheap;
+    /* hand-offs from other threads */
+    pthread_mutex_t lock;
+    struct post *head, **tail;
+    int efd;
+    struct event *post_ev;
+    pthread_t owner;              /* the thread that runs the loop */
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* --- deadlines ------------------------------------------------------------ */
+
+static void heap_push(struct mw__loop *l, uint64_t v)
+{
+    if (l->nheap == l->capheap) {
+        size_t cap = l->capheap ? 2 * l->capheap : 64;
+        uint64_t *h = realloc(l->heap, cap * sizeof *h);
+        if (!h)
+            return;               /* the progress after the next event re-arms */
+        l->heap = h;
+        l->capheap = cap;
+    }
+    size_t i = l->nheap++;
+    for (; i && l->heap[(i - 1) / 2] > v; i = (i - 1) / 2)
+        l->heap[i] = l->heap[(i - 1) / 2];
+    l->heap[i] = v;
+}
+
+static void heap_pop(struct mw__loop *l)
+{
+    uint64_t v = l->heap[--l->nheap];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= l->nheap)
+            break;
+        if (c + 1 < l->nheap && l->heap[c + 1] < l->heap[c])
+            c++;
+        if (l->heap[c] >= v)
+            break;
+        l->heap[i] = l->heap[c];
+        i = c;
+    }
+    if (l->nheap)
+        l->heap[i] = v;
+}
+
+static void arm_timerfd(struct mw__loop *l, uint64_t at_ns)
+{
+    struct itimerspec its = {0};
+    if (at_ns) {
+        its.it_value.tv_sec = (time_t)(at_ns / 1000000000u);
+        its.it_value.tv_nsec = (long)(at_ns % 1000000000u);
+    }
+    timerfd_settime(l->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
+{
+    int rc = event_add(ev, tv);
+    struct mw__loop *l = ctx->loop;
+    if (rc == 0 && tv && l && ctx->own_base) {  /* only an own base has mw_ctx_fd */
+        uint64_t now = now_ns();
+        uint64_t at = now + (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
+        while (l->nheap && l->heap[0] + 1000000000u <= now)
+            heap_pop(l);          /* long past: whatever it was has run */
+        bool earliest = !l->nheap || at < l->heap[0];
+        heap_push(l, at);
+        if (earliest && l->epfd >= 0)
+            arm_timerfd(l, at);
+    }
+    return rc < 0 ? -EIO : 0;
+}
+
+void mw__loop_kick(mw_ctx_t *ctx)
+{
+    struct mw__loop *l = ctx->loop;
+    if (l && l->epfd >= 0)
+        arm_timerfd(l, 1);        /* an event was made active: run it soon */
+}
+
+/* --- watched descriptors -------------------------------------------------- */
+
+static int epoll_add(struct mw__loop *l, int fd)
+{
+    struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+    return epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &e) < 0 ? -errno : 0;
+}
+
+int mw__watch_fd(mw_ctx_t *ctx, int fd)
+{
+    struct mw__loop *l = ctx->loop;
+    if (l->nfds == l->capfds) {
+        size_t cap = l->capfds ? 2 * l->capfds : 8;
+        int *v = realloc(l->fds, cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        l->fds = v;
+        l->capfds = cap;
+    }
+    l->fds[l->nfds++] = fd;
+    return l->epfd >= 0 ? epoll_add(l, fd) : 0;
+}
+
+void mw__unwatch_fd(mw_ctx_t *ctx, int fd)
+{
+    struct mw__loop *l = ctx->loop;
+    for (size_t i = 0; l && i < l->nfds; i++) {
+        if (l->fds[i] != fd)
+            continue;
+        l->fds[i] = l->fds[--l->nfds];
+        if (l->epfd >= 0)
+            epoll_ctl(l->epfd, EPOLL_CTL_DEL, fd, NULL);
+        return;
+    }
+}
+
+int mw_ctx_fd(mw_ctx_t *ctx)
+{
+    if (!ctx || !ctx->own_base)
+        return -EINVAL;           /* on the caller's libevent base: use that */
+    struct mw__loop *l = ctx->loop;
+    if (l->epfd >= 0)
+        return l->epfd;
+    int rc;
+    if ((l->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        (l->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if ((rc = epoll_add(l, l->tfd)) < 0)
+        goto fail;
+    for (size_t i = 0; i < l->nfds; i++)
+        if ((rc = epoll_add(l, l->fds[i])) < 0)
+            goto fail;
+    arm_timerfd(l, l->nheap ? l->heap[0] : 0);
+    return l->epfd;
+fail:
+    if (l->epfd >= 0)
+        close(l->epfd);
+    if (l->tfd >= 0)
+        close(l->tfd);
+    l->epfd = l->tfd = -1;
+    return rc;
+}
+
+int mw_ctx_progress(mw_ctx_t *ctx)
+{
+    if (!ctx || !ctx->own_base)
+        return -EINVAL;
+    if (ctx->in_callback)
+        return -EDEADLK;
+    struct mw__loop *l = ctx->loop;
+    uint64_t expirations;
+    if (l->tfd >= 0 && read(l->tfd, &expirations, sizeof expirations) < 0 && errno != EAGAIN)
+        return -errno;
+    /* libevent runs events that callbacks activate on its next turn, so
+     * turn until nothing is active (bounded, so progress cannot starve the
+     * caller's loop; what is left re-arms the descriptor below) */
+    for (int turn = 0; turn < 8; turn++) {
+        if (event_base_loop(ctx->base, EVLOOP_NONBLOCK) < 0)
+            return -EIO;
+        if (!event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
+            break;
+    }
+    if (l->epfd < 0)
+        return 0;
+    /* libevent fires a timer once its clock passed the deadline: a deadline
+     * that passed less than a millisecond ago gets one more look a
+     * millisecond on, in case libevent's clock read a little behind ours */
+    uint64_t now = now_ns();
+    while (l->nheap && l->heap[0] + 1000000u <= now)
+        heap_pop(l);
+    if (event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
+        arm_timerfd(l, 1);        /* work left: readable again at once */
+    else if (l->nheap && l->heap[0] <= now)
+        arm_timerfd(l, now + 1000000u);
+    else
+        arm_timerfd(l, l->nheap ? l->heap[0] : 0);
+    return 0;
+}
+
+/* --- hand-offs from other threads ------------------------------------------ */
+
+static void on_posted(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    mw_ctx_t *ctx = arg;
+    struct mw__loop *l = ctx->loop;
+    uint64_t n;
+    if (read(fd, &n, sizeof n) < 0 && errno != EAGAIN)
+        return;
+    pthread_mutex_lock(&l->lock);
+    struct post *p = l->head;
+    l->head = NULL;
+    l->tail = &l->head;
+    pthread_mutex_unlock(&l->lock);
+    while (p) {
+        struct post *next = p->next;
+        p->fn(ctx, p->arg);
+        free(p);
+        p = next;
+    }
+}
+
+int mw_ctx_post(mw_ctx_t *ctx, mw_task_fn fn, void *arg)
+{
+    if (!ctx || !fn)
+        return -EINVAL;
+    if (!ctx->loop->post_ev)
+        return -ENOTSUP;
+    struct post *p = malloc(sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    *p = (struct post){.fn = fn, .arg = arg};
+    struct mw__loop *l = ctx->loop;
+    pthread_mutex_lock(&l->lock);
+    *l->tail = p;
+    l->tail = &p->next;
+    pthread_mutex_unlock(&l->lock);
+    uint64_t one = 1;
+    return write(l->efd, &one, sizeof one) < 0 ? -errno : 0;
+}
+
+struct call {
+    mw_start_fn fn;
+    void *arg;
+    sem_t done;
+    int err;
+    void *value;
+};
+
+static void on_call_done(mw_future_t *f, void *arg)
+{
+    struct call *c = arg;
+    c->err = mw_future_error(f);
+    c->value = c->err ? NULL : mw_future_value(f);
+    sem_post(&c->done);
+}
+
+static void start_call(mw_ctx_t *ctx, void *arg)
+{
+    struct call *c = arg;
+    mw_future_t *f = c->fn(ctx, c->arg);
+    if (!f || mw_future_then(f, on_call_done, c) < 0) {
+        c->err = -ENOMEM;
+        sem_post(&c->done);
+    }
+    mw_future_unref(f);
+}
+
+int mw_ctx_call(mw_ctx_t *ctx, mw_start_fn fn, void *arg, void **value)
+{
+    if (!ctx || !fn)
+        return -EINVAL;
+    if (!ctx->loop->post_ev)
+        return -ENOTSUP;
+    if (pthread_equal(pthread_self(), ctx->loop->owner))
+        return -EDEADLK;          /* nobody would run the loop */
+    struct call c = {.fn = fn, .arg = arg};
+    if (sem_init(&c.done, 0, 0) < 0)
+        return -errno;
+    int rc = mw_ctx_post(ctx, start_call, &c);
+    if (rc == 0) {
+        while (sem_wait(&c.done) < 0 && errno == EINTR)
+            ;
+        rc = c.err;
+        if (value)
+            *value = c.value;
+    }
+    sem_destroy(&c.done);
+    return rc;
+}
+
+/* --- life ------------------------------------------------------------------ */
+
+int mw__loop_new(mw_ctx_t *ctx)
+{
+    struct mw__loop *l = calloc(1, sizeof *l);
+    if (!l)
+        return -ENOMEM;
+    ctx->loop = l;
+    l->epfd = l->tfd = -1;
+    l->tail = &l->head;
+    l->owner = pthread_self();
+    pthread_mutex_init(&l->lock, NULL);
+    l->efd = -1;
+    if (!ctx->opts.threads)
+        return 0;
+    if ((l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+        return -errno;
+    l->post_ev = event_new(ctx->base, l->efd, EV_READ | EV_PERSIST, on_posted, ctx);
+    if (!l->post_ev || event_add(l->post_ev, NULL) < 0)
+        return -ENOMEM;
+    return mw__watch_fd(ctx, l->efd);
+}
+
+void mw__loop_free(mw_ctx_t *ctx)
+{
+    struct mw__loop *l = ctx->loop;
+    if (!l)
+        return;
+    if (l->post_ev)
+        event_free(l->post_ev);
+    while (l->head) {             /* posted too late: they never ran */
+        struct post *p = l->head;
+        l->head = p->next;
+        free(p);
+    }
+    if (l->efd >= 0)
+        close(l->efd);
+    if (l->epfd >= 0)
+        close(l->epfd);
+    if (l->tfd >= 0)
+        close(l->tfd);
+    pthread_mutex_destroy(&l->lock);
+    free(l->fds);
+    free(l->heap);
+    free(l);
+    ctx->loop = NULL;
+}

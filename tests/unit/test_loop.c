@@ -1,0 +1,265 @@
+/* The loop from outside: a libevent base owned by the test (meshwire adds
+ * its events and never runs or breaks it), a raw epoll loop driving the
+ * context through mw_ctx_fd/mw_ctx_progress (woken by timers and deferred
+ * callbacks, asleep otherwise), and 4 threads handing work to the loop
+ * thread at once (mw_ctx_post order, mw_ctx_call results).  Run under the
+ * thread sanitizer too (scripts/test tsan). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <event2/event.h>
+
+#include "meshwire.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void count_cb(mw_future_t *f, void *arg)
+{
+    (void)f;
+    ++*(int *)arg;
+}
+
+/* --- a caller's libevent base ---------------------------------------------- */
+
+static void exit_loop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    event_base_loopexit(arg, NULL);
+}
+
+static void foreign_libevent_base(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, base, NULL), 0);
+    assert_ptr_equal(mw_ctx_base(ctx), base);
+    assert_int_equal(mw_ctx_fd(ctx), -EINVAL);      /* run the base instead */
+    int fired = 0;
+    mw_future_t *t = mw_future_new(ctx), *r = mw_future_new(ctx);
+    mw_future_set_timeout(t, 20);
+    mw_future_then(t, count_cb, &fired);
+    mw_future_then(r, count_cb, &fired);
+    mw_future_resolve(r, NULL);
+    /* the test's own timer ends the loop; meshwire's work in between must
+     * neither end it early nor keep it from ending */
+    struct event *stop = evtimer_new(base, exit_loop, base);
+    struct timeval tv = {0, 150 * 1000};
+    evtimer_add(stop, &tv);
+    double t0 = now();
+    assert_int_equal(event_base_dispatch(base), 0);
+    double took = now() - t0;
+    assert_int_equal(fired, 2);
+    assert_true(took >= 0.14 && took < 2.0);
+    assert_int_equal(mw_future_error(t), -ETIMEDOUT);
+    mw_future_unref(t);
+    mw_future_unref(r);
+    event_free(stop);
+    mw_ctx_free(ctx);
+    /* the context added nothing that outlives it: the base runs dry */
+    assert_int_equal(event_base_dispatch(base), 1);
+    event_base_free(base);
+}
+
+/* --- a raw epoll loop ------------------------------------------------------ */
+
+static void raw_epoll_loop(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int fd = mw_ctx_fd(ctx);
+    assert_true(fd >= 0);
+    assert_int_equal(mw_ctx_fd(ctx), fd);          /* one descriptor */
+    int ep = epoll_create1(0);
+    struct epoll_event e = {.events = EPOLLIN};
+    assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e), 0);
+
+    /* idle: nothing due, the descriptor stays quiet */
+    assert_int_equal(mw_ctx_progress(ctx), 0);
+    assert_int_equal(epoll_wait(ep, &e, 1, 50), 0);
+
+    /* a deferred callback makes it readable at once */
+    int done = 0;
+    mw_future_t *r = mw_future_new(ctx);
+    mw_future_then(r, count_cb, &done);
+    mw_future_resolve(r, NULL);
+    assert_int_equal(epoll_wait(ep, &e, 1, 1000), 1);
+    assert_int_equal(mw_ctx_progress(ctx), 0);
+    assert_int_equal(done, 1);
+
+    /* timers: two deadlines, each wakes the loop once it is due, not before */
+    int fired = 0, wakeups = 0;
+    mw_future_t *a = mw_future_new(ctx), *b = mw_future_new(ctx);
+    mw_future_set_timeout(a, 60);
+    mw_future_set_timeout(b, 120);
+    mw_future_then(a, count_cb, &fired);
+    mw_future_then(b, count_cb, &fired);
+    double t0 = now(), first = 0;
+    while (fired < 2 && now() - t0 < 5) {
+        if (epoll_wait(ep, &e, 1, 5000) == 1) {
+            wakeups++;
+            assert_int_equal(mw_ctx_progress(ctx), 0);
+            if (fired == 1 && !first)
+                first = now() - t0;
+        }
+    }
+    double all = now() - t0;
+    printf("raw epoll: deadlines at 60 and 120 ms fired at %.0f and %.0f ms, %d wake-ups\n",
+           first * 1000, all * 1000, wakeups);
+    assert_int_equal(fired, 2);
+    assert_true(first >= 0.055 && all >= 0.115 && all < 1.0);
+    assert_true(wakeups <= 6);                      /* woken by deadlines, not polling */
+    assert_int_equal(mw_future_error(a), -ETIMEDOUT);
+    for (int extra = 0; epoll_wait(ep, &e, 1, 5) == 1; extra++) {
+        assert_true(extra < 2);   /* at most a last look at a passed deadline */
+        mw_ctx_progress(ctx);
+    }
+    assert_int_equal(epoll_wait(ep, &e, 1, 50), 0); /* quiet again */
+    mw_future_unref(a);
+    mw_future_unref(b);
+    mw_future_unref(r);
+    close(ep);
+    mw_ctx_free(ctx);
+}
+
+/* --- threads ------------------------------------------------------------- */
+
+#define THREADS 4
+#define CALLS 500
+
+struct worker {
+    mw_ctx_t *ctx;
+    int id;
+    int bad;
+    unsigned next_seen;           /* loop thread: posts seen from this worker */
+    int values[CALLS];
+};
+
+struct posted {
+    struct worker *w;
+    unsigned seq;
+};
+
+static void on_post(mw_ctx_t *ctx, void *arg)
+{
+    (void)ctx;
+    struct posted *p = arg;
+    if (p->seq != p->w->next_seen++)
+        p->w->bad++;              /* posts from one thread run in order */
+    free(p);
+}
+
+/* runs on the loop thread: a future completed a turn later with @arg */
+static mw_future_t *start_echo(mw_ctx_t *ctx, void *arg)
+{
+    mw_future_t *f = mw_future_new(ctx);
+    mw_future_resolve(f, arg);
+    return f;
+}
+
+static mw_future_t *start_fail(mw_ctx_t *ctx, void *arg)
+{
+    (void)arg;
+    mw_future_t *f = mw_future_new(ctx);
+    mw_future_fail(f, -EPIPE, "on purpose");
+    return f;
+}
+
+static void *work(void *arg)
+{
+    struct worker *w = arg;
+    for (unsigned i = 0; i < CALLS; i++) {
+        struct posted *p = malloc(sizeof *p);
+        *p = (struct posted){w, i};
+        if (mw_ctx_post(w->ctx, on_post, p))
+            w->bad++;
+        void *v = NULL;
+        if (mw_ctx_call(w->ctx, start_echo, &w->values[i], &v) || v != &w->values[i])
+            w->bad++;
+    }
+    if (mw_ctx_call(w->ctx, start_fail, NULL, NULL) != -EPIPE)
+        w->bad++;
+    return NULL;
+}
+
+static void *join_all(void *arg)
+{
+    pthread_t *t = arg;
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    return NULL;
+}
+
+static void stop_loop(mw_ctx_t *ctx, void *arg)
+{
+    (void)ctx;
+    mw_future_resolve(arg, NULL);
+}
+
+static void *joiner(void *arg)
+{
+    void **a = arg;
+    join_all(a[0]);
+    mw_ctx_post(a[1], stop_loop, a[2]);   /* all done: let the loop go */
+    return NULL;
+}
+
+static void four_threads_hand_off(void **state)
+{
+    (void)state;
+    mw_ctx_opts_t o;
+    mw_ctx_opts_init(&o);
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    assert_int_equal(mw_ctx_post(ctx, on_post, NULL), -ENOTSUP);   /* not enabled */
+    mw_ctx_free(ctx);
+    o.threads = 1;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &o), 0);
+    assert_int_equal(mw_ctx_call(ctx, start_echo, NULL, NULL), -EDEADLK);
+
+    struct worker w[THREADS];
+    pthread_t t[THREADS], j;
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (struct worker){.ctx = ctx, .id = i};
+        assert_int_equal(pthread_create(&t[i], NULL, work, &w[i]), 0);
+    }
+    mw_future_t *stop = mw_future_new(ctx);
+    void *args[3] = {t, ctx, stop};
+    assert_int_equal(pthread_create(&j, NULL, joiner, args), 0);
+    assert_int_equal(mw_wait(stop), 0);            /* this thread runs the loop */
+    pthread_join(j, NULL);
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(w[i].bad, 0);
+        assert_int_equal(w[i].next_seen, CALLS);
+    }
+    mw_future_unref(stop);
+    mw_ctx_free(ctx);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(foreign_libevent_base),
+        cmocka_unit_test(raw_epoll_loop),
+        cmocka_unit_test(four_threads_hand_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
