@@ -363,13 +363,18 @@ void mw_conn_abort(mw_conn_t *c)
 
 void mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg)
 {
+    if (!c)
+        return;
     c->imm_fn = fn;
     c->imm_arg = arg;
 }
 
 void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out)
 {
-    *out = c->stats;
+    if (c && out)
+        *out = c->stats;
+    else if (out)
+        *out = (mw_conn_stats_t){0};
 }
 
 /* The QP and buffers of a failed attempt go now (nothing posted on a QP

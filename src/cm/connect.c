@@ -86,6 +86,10 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
     mw_future_t *f = ctx ? mw_future_new(ctx) : NULL;
     if (!f)
         return NULL;
+    if (!addrs || !*addrs) {      /* before any RDMA resource is touched */
+        mw_future_fail(f, -EINVAL, "connect: no address given");
+        return f;
+    }
     mw_conn_t *c;
     int rc = mw__conn_new(ctx, opts, &c);
     if (rc < 0) {

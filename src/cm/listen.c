@@ -75,7 +75,8 @@ int mw_listener_port(const mw_listener_t *l)
 
 void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out)
 {
-    *out = l->stats;
+    if (out)
+        *out = l ? l->stats : (mw_listener_stats_t){0};
 }
 
 void mw_listener_free(mw_listener_t *l)

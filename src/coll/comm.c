@@ -29,8 +29,8 @@ void mw_comm_opts_init(mw_comm_opts_t *o)
     mw_conn_opts_init(&o->conn);
 }
 
-int mw_comm_rank(const mw_comm_t *comm) { return comm->rank; }
-int mw_comm_size(const mw_comm_t *comm) { return comm->nranks; }
+int mw_comm_rank(const mw_comm_t *comm) { return comm ? comm->rank : -EINVAL; }
+int mw_comm_size(const mw_comm_t *comm) { return comm ? comm->nranks : -EINVAL; }
 
 static void release(mw_comm_t *comm);
 

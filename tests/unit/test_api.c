@@ -1,0 +1,149 @@
+/* Bad input at the API: every public function given NULL handles, NULL or
+ * zero-length buffers, unknown types, or counts whose byte size overflows
+ * size_t returns a clear error (or NULL where it returns a pointer), never
+ * crashes.  What needs a live connection or communicator is in the rxe
+ * suite (test_conn's bounds table, test_coll's argument checks). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "meshwire.h"
+
+static void null_handles(void **state)
+{
+    (void)state;
+    assert_int_equal(mw_ctx_new(NULL, NULL, NULL), -EINVAL);
+    mw_ctx_free(NULL);
+    assert_int_equal(mw_ctx_fd(NULL), -EINVAL);
+    assert_int_equal(mw_ctx_progress(NULL), -EINVAL);
+    assert_int_equal(mw_ctx_post(NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(mw_ctx_call(NULL, NULL, NULL, NULL), -EINVAL);
+    assert_null(mw_future_new(NULL));
+    assert_null(mw_future_ref(NULL));
+    mw_future_unref(NULL);
+    assert_int_equal(mw_future_resolve(NULL, NULL), -EINVAL);
+    assert_int_equal(mw_future_fail(NULL, -EIO, "x"), -EINVAL);
+    assert_int_equal(mw_future_then(NULL, NULL, NULL), -EINVAL);
+    assert_null(mw_future_chain(NULL, NULL, NULL));
+    assert_null(mw_future_all(NULL, NULL, 0));
+    assert_int_equal(mw_future_set_timeout(NULL, 1), -EINVAL);
+    assert_int_equal(mw_future_cancel(NULL), -EINVAL);
+    assert_int_equal(mw_wait(NULL), -EINVAL);
+    assert_null(mw_alloc(NULL, 64));
+    mw_free(NULL, NULL);
+    assert_int_equal(mw_reg(NULL, NULL, 0, NULL), -EINVAL);
+    assert_int_equal(mw_dereg(NULL, NULL), -EINVAL);
+    assert_int_equal(mw_listen(NULL, "*:0", NULL, NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(mw_listener_port(NULL), -EINVAL);
+    mw_listener_free(NULL);
+    assert_null(mw_connect(NULL, "x:1", NULL));
+    mw_msg_free(NULL);
+    assert_null(mw_send(NULL, "x", 1));
+    assert_null(mw_recv(NULL));
+    assert_int_equal(mw_mem_export(NULL, NULL, 0, NULL), -EINVAL);
+    assert_null(mw_write(NULL, NULL, 0, NULL, 0));
+    assert_null(mw_read(NULL, NULL, 0, NULL, 0));
+    assert_null(mw_write_imm(NULL, NULL, 0, NULL, 0, 0));
+    mw_conn_on_imm(NULL, NULL, NULL);
+    assert_null(mw_conn_close(NULL));
+    mw_conn_abort(NULL);
+    assert_null(mw_comm_create(NULL, 0, 1, NULL, NULL));
+    assert_null(mw_comm_create_env(NULL, NULL));
+    mw_comm_free(NULL);
+    assert_int_equal(mw_comm_rank(NULL), -EINVAL);
+    assert_int_equal(mw_comm_size(NULL), -EINVAL);
+    assert_null(mw_barrier(NULL));
+    assert_null(mw_allreduce(NULL, NULL, NULL, 1, MW_F32, MW_SUM));
+    assert_null(mw_broadcast(NULL, NULL, 1, MW_F32, 0));
+    assert_null(mw_alltoall(NULL, NULL, NULL, 1, MW_F32));
+}
+
+static void bad_values(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    assert_null(mw_alloc(ctx, 0));
+    assert_null(mw_alloc(ctx, SIZE_MAX));
+    mw_mr_t *mr;
+    char buf[64];
+    assert_int_equal(mw_reg(ctx, NULL, 64, &mr), -EINVAL);
+    assert_int_equal(mw_reg(ctx, buf, 0, &mr), -EINVAL);
+    assert_int_equal(mw_reg(ctx, buf, SIZE_MAX, &mr), -EINVAL);     /* wraps around */
+    assert_int_equal(mw_listen(ctx, NULL, NULL, NULL, NULL, NULL), -EINVAL);
+    mw_listener_t *l;
+    assert_true(mw_listen(ctx, "no-such-host.invalid:1", NULL, NULL, NULL, &l) < 0);
+    assert_true(mw_listen(ctx, "*:99999", NULL, NULL, NULL, &l) < 0);
+    mw_future_t *f = mw_connect(ctx, NULL, NULL);      /* a failed future, not NULL */
+    assert_non_null(f);
+    assert_int_equal(mw_wait(f), -EINVAL);
+    mw_future_unref(f);
+    f = mw_connect(ctx, "", NULL);
+    assert_int_equal(mw_wait(f), -EINVAL);
+    mw_future_unref(f);
+    f = mw_comm_create(ctx, 2, 2, (const char *[]){"a:1", "b:1"}, NULL);   /* rank >= n */
+    assert_int_equal(mw_wait(f), -EINVAL);
+    mw_future_unref(f);
+    f = mw_comm_create(ctx, 0, 2, (const char *[]){"a:1", NULL}, NULL);
+    assert_int_equal(mw_wait(f), -EINVAL);
+    mw_future_unref(f);
+
+    /* a one-rank communicator needs no network: collectives' own checks */
+    f = mw_comm_create(ctx, 0, 1, (const char *[]){"localhost:1"}, NULL);
+    assert_int_equal(mw_wait(f), 0);
+    mw_comm_t *comm = mw_future_value(f);
+    mw_future_unref(f);
+    float x[4] = {1, 2, 3, 4};
+    struct { mw_future_t *f; int err; } cases[] = {
+        {mw_allreduce(comm, x, x, 4, (mw_dtype_t)99, MW_SUM), -EINVAL},     /* unknown type */
+        {mw_allreduce(comm, x, x, 4, MW_F32, (mw_op_t)7), -EINVAL},         /* unknown op */
+        {mw_allreduce(comm, NULL, x, 4, MW_F32, MW_SUM), -EINVAL},          /* NULL input */
+        {mw_allreduce(comm, x, NULL, 4, MW_F32, MW_SUM), -EINVAL},          /* NULL output */
+        {mw_allreduce(comm, x, x, SIZE_MAX / 2, MW_F64, MW_SUM), -EINVAL},  /* bytes overflow */
+        {mw_broadcast(comm, x, 4, MW_F32, 1), -EINVAL},                     /* root >= n */
+        {mw_broadcast(comm, x, 4, MW_F32, -1), -EINVAL},
+        {mw_allreduce(comm, NULL, NULL, 0, MW_F32, MW_SUM), 0},             /* nothing to do */
+        {mw_allreduce(comm, x, x, 4, MW_F32, MW_SUM), 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        assert_non_null(cases[i].f);
+        int rc = mw_wait(cases[i].f);
+        if (rc != cases[i].err)
+            fail_msg("case %zu: %d (%s), want %d", i, rc, mw_future_message(cases[i].f),
+                     cases[i].err);
+        if (rc)
+            assert_true(strlen(mw_future_message(cases[i].f)) > 0);   /* says why */
+        mw_future_unref(cases[i].f);
+    }
+    assert_int_equal(mw_comm_rank(comm), 0);
+    assert_int_equal(mw_comm_size(comm), 1);
+    mw_comm_free(comm);
+    mw_ctx_free(ctx);
+}
+
+static void names_and_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(mw_dtype_size((mw_dtype_t)-1), 0);
+    assert_int_equal(mw_dtype_size(MW_DTYPE_COUNT), 0);
+    assert_string_equal(mw_dtype_name((mw_dtype_t)1234), "?");
+    assert_string_equal(mw_op_name((mw_op_t)-5), "?");
+    assert_non_null(mw_strerror(0));
+    assert_non_null(mw_strerror(-123456));
+    assert_non_null(mw_strerror(123456));
+    assert_non_null(mw_version());
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(null_handles),
+        cmocka_unit_test(bad_values),
+        cmocka_unit_test(names_and_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
