@@ -125,7 +125,9 @@ MW_EXTERN int mw_ctx_progress(mw_ctx_t *ctx);
  * Threads.  A context and everything made from it belong to the thread that
  * created it and runs its loop (the loop thread).  From any other thread
  * only these are safe (besides the functions documented "Thread-safe"):
- * they hand work to the loop thread through an eventfd, waking it.
+ * they hand work to the loop thread through an eventfd, waking it.  An
+ * operation started from another thread is refused: every function that
+ * returns a future returns NULL (errno EPERM) and logs an error.
  * Join the threads that use them before mw_ctx_free().
  */
 /** A function to run on the loop thread. */
@@ -167,7 +169,8 @@ typedef void (*mw_then_fn)(mw_future_t *f, void *arg);
 typedef mw_future_t *(*mw_chain_fn)(mw_future_t *f, void *arg);
 
 /** mw_future_new() - a pending future that the caller completes
- *  (mw_future_resolve/mw_future_fail).  NULL when out of memory. */
+ *  (mw_future_resolve/mw_future_fail).  NULL when out of memory (or off
+ *  the loop thread, errno EPERM: see "Threads"). */
 MW_EXTERN mw_future_t *mw_future_new(mw_ctx_t *ctx);
 
 /** mw_future_ref() / mw_future_unref() - take / drop a reference; the last

@@ -86,6 +86,14 @@ void mw__msg_free_buffers(mw_conn_t *c)
         free(q->msg.data);
         free(q);
     }
+    while (!mw__list_empty(&c->recv_waiters)) {   /* a close finished with them waiting */
+        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
+        mw__list_del(&w->link);
+        mw_future_fail(w->f, c->err ? c->err : -ECANCELED, "%s: connection closed",
+                       c->stats.remote);
+        mw_future_unref(w->f);
+        free(w);
+    }
 }
 
 /* A slot is reposted (a credit owed) unless the inbox is full: then it is

@@ -60,6 +60,8 @@ struct mw_ctx {
 int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv);
 int mw__watch_fd(mw_ctx_t *ctx, int fd);
 void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
+/* mw__on_loop_thread() - is the caller the context's loop thread? */
+bool mw__on_loop_thread(const mw_ctx_t *ctx);
 /* mw__loop_kick() - after event_active() from outside the loop. */
 void mw__loop_kick(mw_ctx_t *ctx);
 int mw__loop_new(mw_ctx_t *ctx);

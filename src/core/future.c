@@ -49,6 +49,12 @@ mw_future_t *mw_future_new(mw_ctx_t *ctx)
 {
     if (!ctx)
         return NULL;
+    if (!mw__on_loop_thread(ctx)) {   /* every operation starts here */
+        MW_LOG(ctx, MW_LOG_ERROR, "called from a thread that does not run the context's loop "
+               "(use mw_ctx_post or mw_ctx_call)");
+        errno = EPERM;
+        return NULL;
+    }
     mw_future_t *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;

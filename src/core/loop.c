@@ -117,6 +117,11 @@ int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
     return rc < 0 ? -EIO : 0;
 }
 
+bool mw__on_loop_thread(const mw_ctx_t *ctx)
+{
+    return !ctx->loop || pthread_equal(pthread_self(), ctx->loop->owner);
+}
+
 void mw__loop_kick(mw_ctx_t *ctx)
 {
     struct mw__loop *l = ctx->loop;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# meshcat fan-out across the mesh: node0 sends a 64 MiB+1 file and an empty
+# meshcat fan-out across the mesh: node0 sends a 32 MiB+1 file and an empty
 # one to node1 and node2 with --to (relayed node0 -> node1 -> node2, each hop
 # on its own subnet); both receivers must end with byte-identical files.
 #   meshcat.sh MESHCAT      (run by meson in the mesh suite, on every node)
@@ -16,7 +16,7 @@ sums=$MW_SHARED/meshcat.sha256
 
 case $MW_NODE in
 0)
-    head -c $((64 * 1048576 + 1)) /dev/urandom >big
+    head -c $((32 * 1048576 + 1)) /dev/urandom >big
     : >empty
     sha256sum big empty >"$sums.tmp" && mv "$sums.tmp" "$sums"
     "$MC" -t 120 --to "node1:$port,node2:$port" big empty; rc=$?

@@ -2,12 +2,14 @@
  * collective, type and op against a reference, at sizes 0, 1, 7, 4096 and
  * 1 MiB+3 elements, for 1, 2, 3, 4, 5 and 8 ranks; several collectives in
  * flight at once; a rank that calls a different collective is caught; a
- * rank killed mid-collective fails it on every survivor. */
+ * rank killed in the middle of each kind of collective breaks the
+ * communicator on every survivor. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -182,33 +184,70 @@ static double seconds(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* The last rank dies (SIGKILL) in the middle of a long allreduce with a
- * second one queued behind it: on every survivor both fail, with an error
- * (not a timeout), in bounded time, and the communicator stays broken. */
-static void check_killed_rank(mw_ctx_t *ctx, mw_comm_t *comm, int rank, int nranks)
+/* Two of the collective @kind, each moving about 64 MiB in all. */
+static void start_two(mw_comm_t *comm, const char *kind, float *x, float *y, size_t m,
+                      mw_future_t **f)
 {
-    size_t n = 16u << 20;                   /* 64 MiB of f32: seconds on rxe */
-    float *x = calloc(n, sizeof *x);
-    mw_future_t *f[2] = {mw_allreduce(comm, x, x, n, MW_F32, MW_SUM),
-                         mw_allreduce(comm, x, x, n, MW_F32, MW_SUM)};
-    if (rank == nranks - 1) {
+    size_t per = m / (size_t)mw_comm_size(comm);
+    for (int i = 0; i < 2; i++) {
+        if (!strcmp(kind, "allreduce"))
+            f[i] = mw_allreduce(comm, x, x, m, MW_F32, MW_SUM);
+        else if (!strcmp(kind, "reduce_scatter"))
+            f[i] = mw_reduce_scatter(comm, x, y, m, MW_F32, MW_SUM);
+        else if (!strcmp(kind, "allgather"))
+            f[i] = mw_allgather(comm, x, y, per, MW_F32);
+        else if (!strcmp(kind, "broadcast"))
+            f[i] = mw_broadcast(comm, x, m, MW_F32, 0);
+        else if (!strcmp(kind, "reduce"))
+            f[i] = mw_reduce(comm, x, y, m, MW_F32, MW_SUM, 0);
+        else if (!strcmp(kind, "gather"))
+            f[i] = mw_gather(comm, x, y, per, MW_F32, 0);
+        else if (!strcmp(kind, "scatter"))
+            f[i] = mw_scatter(comm, x, y, per, MW_F32, 0);
+        else if (!strcmp(kind, "alltoall"))
+            f[i] = mw_alltoall(comm, x, y, per, MW_F32);
+        else
+            f[i] = mw_barrier(comm);
+    }
+}
+
+/* The last rank dies (SIGKILL) in the middle of a long collective @kind,
+ * with a second one queued behind it (a barrier it never reaches): on every
+ * survivor the second fails with an error, not a timeout, and the first
+ * either fails too or had already completed its part (a rank whose answer
+ * was complete before the death keeps it); all within bounded time, and
+ * the communicator stays broken. */
+static void check_killed_rank(mw_ctx_t *ctx, mw_comm_t *comm, int rank, int nranks,
+                              const char *kind)
+{
+    size_t m = 16u << 20;                   /* 64 MiB of f32: seconds on rxe */
+    float *x = calloc(m + 16, sizeof *x), *y = calloc(m + 16, sizeof *y);
+    mw_future_t *f[2] = {NULL, NULL};
+    bool victim = rank == nranks - 1;
+    if (!victim || strcmp(kind, "barrier"))
+        start_two(comm, kind, x, y, m, f);
+    if (victim) {
         loop_for(ctx, 300);                 /* well into the first one */
         raise(SIGKILL);
     }
     double t0 = seconds();
+    int rc[2];
     for (int i = 0; i < 2; i++) {
         mw_future_set_timeout(f[i], 20000);
-        int rc = mw_wait(f[i]);
-        fprintf(stderr, "rank %d: allreduce %d failed after %.3f s: %s (%s)\n", rank, i,
-                seconds() - t0, mw_strerror(rc), mw_future_message(f[i]));
-        CHECK(rc != 0 && rc != -ETIMEDOUT, "rank %d: allreduce %d: %s", rank, i, mw_strerror(rc));
+        rc[i] = mw_wait(f[i]);
+        fprintf(stderr, "rank %d: %s %d after %.3f s: %s (%s)\n", rank, kind, i, seconds() - t0,
+                rc[i] ? mw_strerror(rc[i]) : "done", mw_future_message(f[i]));
         mw_future_unref(f[i]);
     }
+    CHECK(rc[0] != -ETIMEDOUT, "rank %d: the first %s timed out", rank, kind);
+    CHECK(rc[1] != 0 && rc[1] != -ETIMEDOUT, "rank %d: the second %s: %s", rank, kind,
+          mw_strerror(rc[1]));
     CHECK(seconds() - t0 < 10, "rank %d took %.1f s to notice", rank, seconds() - t0);
     mw_future_t *b = mw_barrier(comm);
     CHECK(mw_wait(b) != 0, "rank %d: a barrier on the broken communicator succeeded", rank);
     mw_future_unref(b);
     free(x);
+    free(y);
 }
 
 static int run_rank(int rank, int nranks, int port, const char *mode)
@@ -245,8 +284,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         failures += rc == 0 || rc == -ETIMEDOUT;
         mw_future_unref(f);
         free(x);
-    } else if (!strcmp(mode, "kill")) {
-        check_killed_rank(ctx, comm, rank, nranks);
+    } else if (!strncmp(mode, "kill:", 5)) {
+        check_killed_rank(ctx, comm, rank, nranks, mode + 5);
     } else {
         if (wait_ok(mw_barrier(comm), "barrier"))
             failures++;
@@ -289,7 +328,7 @@ static void run_ranks(int nranks, const char *mode)
     for (int r = 1; r < nranks; r++) {
         int st;
         waitpid(pids[r], &st, 0);
-        if (!strcmp(mode, "kill") && r == nranks - 1)
+        if (!strncmp(mode, "kill:", 5) && r == nranks - 1)
             bad += !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL;
         else
             bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
@@ -305,7 +344,17 @@ static void ranks_4(void **s) { (void)s; run_ranks(4, "all"); }
 static void ranks_5(void **s) { (void)s; run_ranks(5, "all"); }
 static void ranks_8(void **s) { (void)s; run_ranks(8, "all"); }
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
-static void killed_rank_4(void **s) { (void)s; run_ranks(4, "kill"); }
+/* MW_TEST_QUICK (the sanitizer run): allreduce and broadcast only */
+#define KILLED(kind)                                                                    \
+    static void killed_in_##kind(void **s)                                              \
+    {                                                                                   \
+        (void)s;                                                                        \
+        if (getenv("MW_TEST_QUICK") && strcmp(#kind, "allreduce") && strcmp(#kind, "broadcast")) \
+            skip();                                                                     \
+        run_ranks(4, "kill:" #kind);                                                    \
+    }
+KILLED(allreduce) KILLED(reduce_scatter) KILLED(allgather) KILLED(broadcast) KILLED(reduce)
+KILLED(gather) KILLED(scatter) KILLED(alltoall) KILLED(barrier)
 
 int main(int argc, char **argv)
 {
@@ -320,7 +369,12 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranks_1), cmocka_unit_test(ranks_2), cmocka_unit_test(ranks_3),
         cmocka_unit_test(ranks_4), cmocka_unit_test(ranks_5), cmocka_unit_test(ranks_8),
-        cmocka_unit_test(mismatch_3), cmocka_unit_test(killed_rank_4),
+        cmocka_unit_test(mismatch_3),
+        cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
+        cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
+        cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),
+        cmocka_unit_test(killed_in_scatter), cmocka_unit_test(killed_in_alltoall),
+        cmocka_unit_test(killed_in_barrier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

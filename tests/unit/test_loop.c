@@ -221,6 +221,25 @@ static void *joiner(void *arg)
     return NULL;
 }
 
+static void *start_off_thread(void *arg)
+{
+    mw_future_t *f = mw_future_new(arg);      /* not the loop thread: refused */
+    return f ? f : (void *)(intptr_t)errno;
+}
+
+static void wrong_thread_is_refused(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    pthread_t t;
+    void *res;
+    assert_int_equal(pthread_create(&t, NULL, start_off_thread, ctx), 0);
+    pthread_join(t, &res);
+    assert_int_equal((intptr_t)res, EPERM);
+    mw_ctx_free(ctx);
+}
+
 static void four_threads_hand_off(void **state)
 {
     (void)state;
@@ -259,6 +278,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(foreign_libevent_base),
         cmocka_unit_test(raw_epoll_loop),
+        cmocka_unit_test(wrong_thread_is_refused),
         cmocka_unit_test(four_threads_hand_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,220 @@
+/* Peers that misbehave at the connection level, played by a raw rdma_cm
+ * server in a child process: one that never accepts, one that accepts with
+ * a handshake that is not meshwire's, and one that accepts properly and
+ * then never answers.  Every pending future fails within its deadline with
+ * an error naming the peer, and the context goes on serving others. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <rdma/rdma_cma.h>
+
+#include "meshwire.h"
+#include "cm/wire.h"
+#include "rxe_util.h"
+
+extern char **environ;
+static const char *addrs[2];
+static char self_path[4096];
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* --- the raw server (child mode) -------------------------------------------- */
+
+/* Listen on @addr:@port; on the first request behave as @kind says, then
+ * sleep until killed. */
+static int raw_server(const char *addr, const char *port, const char *kind)
+{
+    struct rdma_addrinfo hints = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP}, *res;
+    struct rdma_cm_id *listen_id, *id;
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
+    if (rdma_getaddrinfo(addr, port, &hints, &res) || rdma_create_ep(&listen_id, res, NULL, &qa) ||
+        rdma_listen(listen_id, 4) || rdma_get_request(listen_id, &id))
+        return 2;
+    uint8_t pd[MW__HELLO_LEN];
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
+    mw__hello_encode(&h, pd, sizeof pd);
+    if (!strcmp(kind, "foreign"))
+        memcpy(pd, "HTTP", 4);
+    struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
+                                 .retry_count = 7, .rnr_retry_count = 7};
+    if (strcmp(kind, "silent") && rdma_accept(id, &cp))
+        return 3;
+    for (;;)                      /* no receive posted, nothing sent: mute */
+        pause();
+}
+
+static pid_t spawn_server(const char *kind, int port)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    char *argv[] = {self_path, "raw-server", (char *)addrs[1], ps, (char *)kind, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+static void stop(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static int next_port(void)
+{
+    static int port;
+    if (!port)
+        port = 21000 + getpid() % 20000;
+    return ++port;
+}
+
+/* Connect, retrying while the child is not listening yet. */
+static mw_future_t *connect_child(mw_ctx_t *ctx, int port, unsigned timeout_ms)
+{
+    char target[80];
+    snprintf(target, sizeof target, "%s:%d", addrs[1], port);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.keepalive_ms = 200;
+    for (int i = 0;; i++) {
+        mw_future_t *f = mw_connect(ctx, target, &o);
+        mw_wait(f);
+        if (mw_future_error(f) != -ECONNREFUSED || i == 100)
+            return f;
+        mw_future_unref(f);
+        loop_for(ctx, 50);
+    }
+}
+
+/* A real server in the same context, to show it still works afterwards. */
+static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l, (void)arg;
+    mw_conn_abort(c);
+}
+
+static void context_still_serves(mw_ctx_t *ctx)
+{
+    char la[64], target[80];
+    snprintf(la, sizeof la, "%s:0", addrs[1]);
+    mw_listener_t *l;
+    assert_int_equal(mw_listen(ctx, la, NULL, on_accept, NULL, &l), 0);
+    snprintf(target, sizeof target, "%s:%d", addrs[1], mw_listener_port(l));
+    mw_future_t *f = mw_connect(ctx, target, NULL);
+    assert_int_equal(mw_wait(f), 0);
+    mw_conn_abort(mw_future_value(f));
+    mw_future_unref(f);
+    mw_listener_free(l);
+}
+
+/* --- the tests ------------------------------------------------------------- */
+
+static void server_that_never_accepts(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int port = next_port();
+    pid_t pid = spawn_server("silent", port);
+    double t0 = now();
+    mw_future_t *f = connect_child(ctx, port, 1000);
+    double t = now() - t0;
+    printf("server never accepts: connect failed after %.2f s: %s\n", t, mw_future_message(f));
+    assert_int_equal(mw_future_error(f), -ETIMEDOUT);
+    assert_non_null(strstr(mw_future_message(f), addrs[1]));
+    assert_true(t < 8);
+    mw_future_unref(f);
+    stop(pid);
+    context_still_serves(ctx);
+    mw_ctx_free(ctx);
+}
+
+static void server_with_a_foreign_handshake(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int port = next_port();
+    pid_t pid = spawn_server("foreign", port);
+    mw_future_t *f = connect_child(ctx, port, 2000);
+    printf("foreign server: %s (%s)\n", mw_strerror(mw_future_error(f)), mw_future_message(f));
+    assert_int_equal(mw_future_error(f), -EPROTO);
+    assert_non_null(strstr(mw_future_message(f), "not a meshwire peer"));
+    mw_future_unref(f);
+    stop(pid);
+    context_still_serves(ctx);
+    mw_ctx_free(ctx);
+}
+
+static void peer_that_accepts_then_never_answers(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int port = next_port();
+    pid_t pid = spawn_server("mute", port);
+    mw_future_t *cf = connect_child(ctx, port, 1000);
+    assert_int_equal(mw_future_error(cf), 0);
+    mw_conn_t *c = mw_future_value(cf);
+    mw_future_unref(cf);
+    /* its transport answers (keepalive probes succeed), its owner never
+     * does: only the caller's deadlines bound the wait, and they do */
+    static uint8_t big[128 << 10];
+    mw_future_t *r = mw_recv(c), *s = mw_send(c, big, sizeof big);
+    mw_future_set_timeout(r, 700);
+    mw_future_set_timeout(s, 700);
+    double t0 = now();
+    assert_int_equal(mw_wait(r), -ETIMEDOUT);
+    assert_int_equal(mw_wait(s), -ETIMEDOUT);
+    double t = now() - t0;
+    printf("mute peer: receive and 128 KiB send timed out after %.2f s\n", t);
+    assert_true(t < 3);
+    mw_future_unref(r);
+    mw_future_unref(s);
+    mw_future_t *cl = mw_conn_close(c);            /* work pending: bounded too */
+    t0 = now();
+    int rc = mw_wait(cl);
+    printf("mute peer: close finished after %.2f s: %s (%s)\n", now() - t0,
+           rc ? mw_strerror(rc) : "ok", mw_future_message(cl));
+    assert_true(now() - t0 < 5);
+    mw_future_unref(cl);
+    stop(pid);
+    context_still_serves(ctx);
+    mw_ctx_free(ctx);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "raw-server"))
+        return raw_server(argv[2], argv[3], argv[4]);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rxe_require(2, addrs);
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(server_that_never_accepts),
+        cmocka_unit_test(server_with_a_foreign_handshake),
+        cmocka_unit_test(peer_that_accepts_then_never_answers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
