@@ -395,11 +395,8 @@ static int handshake(struct receiver *x)
 
 static void summary(struct receiver *x)
 {
-    mw_conn_stats_t st;
-    mw_conn_stats(x->up.c, &st);
-    char nic[200], line[600];
-    snprintf(nic, sizeof nic, "%s %s", st.device, st.local);
-    mc_summary_line(line, sizeof line, x->s.done, mc_now() - x->s.t0, nic, st.remote);
+    char line[600];
+    mc_summary(&x->s, x->up.c, line, sizeof line);
     mc_say(&x->s, 0, "received %d file%s, %s", x->files_out, x->files_out == 1 ? "" : "s", line);
 }
 

@@ -232,11 +232,8 @@ static uint64_t total_size(const struct mc_args *a)
 
 static void summary(struct sender *x)
 {
-    mw_conn_stats_t st;
-    mw_conn_stats(x->down.c, &st);
-    char nic[200], line[600];
-    snprintf(nic, sizeof nic, "%s %s", st.device, st.local);
-    mc_summary_line(line, sizeof line, x->s.done, mc_now() - x->s.t0, nic, st.remote);
+    char line[600];
+    mc_summary(&x->s, x->down.c, line, sizeof line);
     mc_say(&x->s, 0, "sent %s%s", line, x->s.a->nto > 1 ? " (first hop of the chain)" : "");
 }
 

@@ -58,6 +58,15 @@ void mc_progress_done(struct mc_session *s)
     }
 }
 
+void mc_summary(struct mc_session *s, mw_conn_t *c, char *line, size_t cap)
+{
+    mw_conn_stats_t st;
+    mw_conn_stats(c, &st);
+    char nic[200];
+    snprintf(nic, sizeof nic, "%s %s", st.device, st.local);
+    mc_summary_line(line, cap, s->done, mc_now() - s->t0, nic, st.remote);
+}
+
 void mc_say(struct mc_session *s, int level, const char *fmt, ...)
 {
     if (level > s->a->verbose && !(level == 0 && s->a->verbose >= 0))

@@ -39,6 +39,9 @@ void mc_session_free(struct mc_session *s);
 void mc_say(struct mc_session *s, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void mc_progress_done(struct mc_session *s);
+/* mc_summary() - the run's one-line summary over connection @c: bytes,
+ * seconds, MB/s, the local NIC and the peer. */
+void mc_summary(struct mc_session *s, mw_conn_t *c, char *line, size_t cap);
 double mc_now(void);
 
 /* The end-to-end checksum of a file: XXH3-128, which catches corruption at

@@ -8,6 +8,59 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/dev.h"
+
+/* A device was hot-removed: the kernel finishes only once every resource on
+ * it is released.  Every connection on it fails (-ENODEV) and loses its QP
+ * now, every listener on it stops, their ids go later (not from inside an
+ * event handler), and the device's memory registrations, CQ and PD go
+ * before any id does, while the verbs context still exists.  Other devices
+ * and the context go on. */
+static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
+{
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    struct mw__dev *dev = mw__dev_find(ctx, verbs);
+    const char *name = dev ? dev->name : ibv_get_device_name(verbs->device);
+    for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
+        mw_conn_t *c = mw__container_of(i, mw_conn_t, link);
+        if (!c->id || c->id->verbs != verbs)
+            continue;
+        mw__conn_fail(c, -ENODEV, "RDMA device %s removed", name);
+        mw__conn_drop_attempt(c);
+        mw__conn_maybe_finish(c);
+    }
+    for (struct mw__list *i = cm->listeners.next; i != &cm->listeners; i = i->next) {
+        mw_listener_t *l = mw__container_of(i, mw_listener_t, link);
+        if (!l->id || l->id->verbs != verbs)
+            continue;
+        MW_LOG(ctx, MW_LOG_ERROR, "a listener lost its RDMA device %s: it accepts no more", name);
+        l->id->context = NULL;
+        mw__cm_destroy_id_later(ctx, l->id);
+        l->id = NULL;
+    }
+    mw__dev_remove(ctx, dev);
+    /* librdmacm closes its own context of a removed device only when it
+     * next syncs its device list, once no id uses it: the ids go a turn
+     * later, so sync a few times from then on (the kernel's removal waits
+     * for that close) */
+    cm->sync_left = 10;
+    if (cm->sync_ev)
+        mw__ev_add(ctx, cm->sync_ev, &mw__zero_tv);
+}
+
+static void on_sync(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    mw_ctx_t *ctx = arg;
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    struct ibv_context **list = rdma_get_devices(NULL);
+    if (list)
+        rdma_free_devices(list);
+    if (--cm->sync_left > 0) {
+        struct timeval tv = {0, 300 * 1000};
+        mw__ev_add(ctx, cm->sync_ev, &tv);
+    }
+}
 
 static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
 {
@@ -20,6 +73,10 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
     }
     if (ev->event == RDMA_CM_EVENT_ADDR_CHANGE || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
         mw__cm_nics_changed(ctx->layers[MW__LAYER_CM].state);
+    if (ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+        device_removed(ctx, ev->id->verbs);    /* every id on it, at once */
+        return;
+    }
     if (!kind)
         return;
     if (*kind == MW__CM_LISTENER)
@@ -59,6 +116,8 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
         mw__run_deferred(ctx);
     mw__unwatch_fd(ctx, cm->ch->fd);
     event_free(cm->ev);
+    if (cm->sync_ev)
+        event_free(cm->sync_ev);
     rdma_destroy_event_channel(cm->ch);
     free(cm->nics);
     free(cm);
@@ -92,6 +151,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
         free(cm);
         return NULL;
     }
+    cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
     ctx->layers[MW__LAYER_CM] = (struct mw__layer){cm, cm_teardown};
     return cm;
 }

@@ -34,6 +34,8 @@ struct mw__cm {
     bool nics_valid;              /* dropped on ADDR_CHANGE / DEVICE_REMOVAL */
     struct mw__list conns;        /* every connection not yet freed */
     struct mw__list listeners;
+    struct event *sync_ev;        /* after a device removal: librdmacm syncs */
+    int sync_left;
 };
 
 enum mw__conn_state {

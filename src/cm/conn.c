@@ -404,9 +404,6 @@ void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev)
     case RDMA_CM_EVENT_DISCONNECTED:
         mw__conn_on_disconnected(c, -ECONNRESET, "peer disconnected");
         break;
-    case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        mw__conn_fail(c, -ENODEV, "RDMA device %s removed", c->stats.device);
-        break;
     case RDMA_CM_EVENT_ADDR_CHANGE:
         MW_LOG(c->ctx, MW_LOG_WARN, "%s: local address changed", c->stats.local);
         break;

@@ -199,9 +199,6 @@ void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev)
         attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
         return;
     default:
-        if (c->state < MW__CONN_ESTABLISHED && ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
-            attempt_failed(c, -ENODEV, "%s", "device removed");
-        else
-            mw__conn_common_event(c, ev);
+        mw__conn_common_event(c, ev);
     }
 }

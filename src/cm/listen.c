@@ -70,7 +70,9 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
 
 int mw_listener_port(const mw_listener_t *l)
 {
-    return l ? ntohs(rdma_get_src_port(l->id)) : -EINVAL;
+    if (!l)
+        return -EINVAL;
+    return l->id ? ntohs(rdma_get_src_port(l->id)) : -ENODEV;   /* its device went */
 }
 
 void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out)
@@ -92,7 +94,8 @@ void mw_listener_free(mw_listener_t *l)
             c->listener = NULL;
     }
     mw__list_del(&l->link);
-    rdma_destroy_id(l->id);
+    if (l->id)
+        rdma_destroy_id(l->id);
     free(l);
 }
 
@@ -166,8 +169,6 @@ void mw__listener_event(mw_listener_t *l, struct rdma_cm_event *ev)
 {
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
         on_connect_request(l, ev);
-    else if (ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
-        MW_LOG(l->ctx, MW_LOG_ERROR, "listener lost its RDMA device");
 }
 
 void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev)

@@ -25,12 +25,39 @@ struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index)
     return index >= 0 && index < mw__dev_count(ctx) ? ctx->devs->v[index] : NULL;
 }
 
-static void dev_close(struct mw__dev *dev)
+static void dev_release(struct mw__dev *dev)
 {
     mw__cq_close(dev->cq);
+    dev->cq = NULL;
     if (dev->pd)
         ibv_dealloc_pd(dev->pd);
+    dev->pd = NULL;
+}
+
+static void dev_close(struct mw__dev *dev)
+{
+    dev_release(dev);
     free(dev);
+}
+
+struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs)
+{
+    for (int i = 0; verbs && i < mw__dev_count(ctx); i++)
+        if (ctx->devs->v[i]->verbs == verbs)
+            return ctx->devs->v[i];
+    return NULL;
+}
+
+void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev)
+{
+    if (!dev || dev->removed)
+        return;
+    MW_LOG(ctx, MW_LOG_WARN, "RDMA device %s removed: releasing what meshwire held on it",
+           dev->name);
+    mw__mem_remove_dev(ctx, dev);     /* MRs before the PD */
+    dev_release(dev);
+    dev->verbs = NULL;                /* a re-added device gets a new slot */
+    dev->removed = true;
 }
 
 static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct mw__dev **devp)
@@ -67,11 +94,11 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
 {
     if (!ctx || !verbs || !devp)
         return -EINVAL;
-    for (int i = 0; i < mw__dev_count(ctx); i++)
-        if (ctx->devs->v[i]->verbs == verbs) {
-            *devp = ctx->devs->v[i];
-            return 0;
-        }
+    struct mw__dev *known = mw__dev_find(ctx, verbs);
+    if (known) {
+        *devp = known;
+        return 0;
+    }
     if (!ctx->devs && !(ctx->devs = calloc(1, sizeof *ctx->devs)))
         return -ENOMEM;
     struct mw__devs *d = ctx->devs;

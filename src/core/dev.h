@@ -18,6 +18,7 @@ struct mw__dev {
     struct ibv_device_attr attr;
     char name[64];
     int cqe_size, cqe_used;        /* the CQ's entries, and those reserved */
+    bool removed;                  /* hot-removed: verbs, pd, cq gone */
 };
 
 /* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
@@ -31,6 +32,14 @@ struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index);
 
 /* mw__devs_free() - destroy CQs, PDs (after memory is deregistered). */
 void mw__devs_free(mw_ctx_t *ctx);
+
+/* mw__dev_remove() - the device was hot-removed: deregister memory from it
+ * and release its CQ and PD (every QP on it must be destroyed already), so
+ * the kernel can finish the removal.  The slot stays, empty: device
+ * indexes (and the keys tables by index) keep their meaning. */
+void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__dev_find() - the open device with verbs context @verbs, or NULL. */
+struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs);
 
 #endif
 

@@ -151,6 +151,12 @@ int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev)
     return rc;
 }
 
+void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
+{
+    if (ctx && ctx->mem && dev)
+        mw__registrar_remove_dev(&ctx->mem->rg, dev);
+}
+
 int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
                  size_t len, uint32_t *lkey, uint32_t *rkey)
 {

@@ -36,6 +36,9 @@ void mw__mem_free(mw_ctx_t *ctx);
  * the devices added here (it calls nothing in dev.c), indexed by dev->index.
  * Return 0 or a negative errno. */
 int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__mem_remove_dev() - the device is going away: deregister everything
+ * from it. */
+void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 
 /* mw__mem_keys() - keys of @dev for [addr, addr+len), which must lie inside
  * one region.  Return 0, or -EFAULT when the range is not registered. */

@@ -147,6 +147,17 @@ int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev)
     return 0;
 }
 
+void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev)
+{
+    if (!mw__registrar_has(rg, dev))
+        return;
+    int i = dev->index;
+    for (struct mw__list *l = rg->all.next; l != &rg->all; l = l->next)
+        dereg_one(rg, mw__container_of(l, struct mw__region, link), i);
+    rg->devs[i] = NULL;
+    rg->ndevs--;
+}
+
 /* ------------------------------------------------------------------------
  * Sorted index
  * ------------------------------------------------------------------------ */

@@ -58,6 +58,9 @@ static inline bool mw__registrar_has(const struct mw__registrar *rg,
  * unknown.  Adding the same device again is a no-op; another device at a
  * taken index is -EEXIST. */
 int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev);
+/* mw__registrar_remove_dev() - deregister every region from @dev (it is
+ * going away) and forget it; regions registered later skip its slot. */
+void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev);
 
 /* mw__region_init() - register [start, start+len) with every device and
  * link @r as live.  On error (the backend's, or -ENOMEM) nothing stays

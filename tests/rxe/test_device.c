@@ -1,0 +1,199 @@
+/* An RDMA device deleted under live connections (rdma link delete: the
+ * kernel's DEVICE_REMOVAL).  Work pending on it fails with -ENODEV naming
+ * the device, meshwire releases everything it held there so the removal
+ * completes, connections on the other device go on, and once the device is
+ * added back a new connection over it works.  Runs last in the rxe suite:
+ * it changes the node's devices (and restores them), and only inside the
+ * VMs of tools/rxe-vm, never on a host's own devices. */
+#include <errno.h>
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "meshwire.h"
+#include "rxe_util.h"
+
+extern char **environ;
+static const char *addrs[2];
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+struct server {
+    mw_listener_t *l;
+    mw_conn_t *c;
+};
+
+static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct server *s = arg;
+    if (s->c)
+        mw_conn_abort(c);
+    else
+        s->c = c;
+}
+
+static mw_conn_t *pair(mw_ctx_t *ctx, const char *addr, struct server *s)
+{
+    char la[64], target[80];
+    snprintf(la, sizeof la, "%s:0", addr);
+    *s = (struct server){0};
+    assert_int_equal(mw_listen(ctx, la, NULL, on_accept, s, &s->l), 0);
+    snprintf(target, sizeof target, "%s:%d", addr, mw_listener_port(s->l));
+    mw_future_t *f = NULL;
+    for (int i = 0; i < 50; i++) {            /* a re-added device takes a moment */
+        mw_future_unref(f);
+        f = mw_connect(ctx, target, NULL);
+        if (mw_wait(f) == 0)
+            break;
+        loop_for(ctx, 100);
+    }
+    if (mw_future_error(f))
+        fail_msg("connect to %s: %s", target, mw_future_message(f));
+    mw_conn_t *c = mw_future_value(f);
+    mw_future_unref(f);
+    while (!s->c)
+        loop_for(ctx, 5);
+    return c;
+}
+
+static void round_trip(mw_ctx_t *ctx, mw_conn_t *a, mw_conn_t *b)
+{
+    (void)ctx;
+    int v = 7;
+    mw_future_t *r = mw_recv(b), *s = mw_send(a, &v, sizeof v);
+    assert_int_equal(mw_wait(s), 0);
+    assert_int_equal(mw_wait(r), 0);
+    mw_msg_t *m = mw_future_value(r);
+    assert_int_equal(*(int *)m->data, 7);
+    mw_msg_free(m);
+    mw_future_unref(r);
+    mw_future_unref(s);
+}
+
+/* Run a command to its end while this loop keeps running (the removal
+ * waits for us to let go); its exit status. */
+static int run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
+{
+    pid_t pid;
+    double t0 = now();
+    assert_int_equal(posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ), 0);
+    for (int i = 0; i < 3000; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            *took = now() - t0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        loop_for(ctx, 10);
+    }
+    fail_msg("'%s %s %s' did not finish in 30 s", argv[0], argv[1], argv[2]);
+    return -1;
+}
+
+/* The netdev under RDMA device @dev, from "rdma link show DEV/1". */
+static void netdev_of(const char *dev, char *out, size_t cap)
+{
+    char cmd[128], line[512];
+    snprintf(cmd, sizeof cmd, "rdma link show %s/1", dev);
+    FILE *p = popen(cmd, "r");
+    out[0] = 0;
+    if (p && fgets(line, sizeof line, p)) {
+        char *n = strstr(line, "netdev ");
+        if (n)
+            snprintf(out, cap, "%.*s", (int)strcspn(n + 7, " \n"), n + 7);
+    }
+    if (p)
+        pclose(p);
+}
+
+static void device_deleted_under_live_connections(void **state)
+{
+    (void)state;
+    const char *where = getenv("MW_RXE_WHERE");
+    if (!where || strcmp(where, "vm")) {
+        printf("not in a throwaway rxe VM: no device is deleted here\n");
+        skip();
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    struct server s0, s1;
+    mw_conn_t *c0 = pair(ctx, addrs[0], &s0), *c1 = pair(ctx, addrs[1], &s1);
+    round_trip(ctx, c0, s0.c);
+    round_trip(ctx, c1, s1.c);
+    mw_conn_stats_t st0, st1;
+    mw_conn_stats(c0, &st0);
+    mw_conn_stats(c1, &st1);
+    if (!strcmp(st0.device, st1.device))
+        skip();                   /* both on one device: nothing would survive */
+    char dev[64], netdev[64];
+    snprintf(dev, sizeof dev, "%s", st1.device);
+    netdev_of(dev, netdev, sizeof netdev);
+    assert_true(netdev[0] != 0);
+
+    mw_future_t *pending = mw_recv(c1), *other = mw_recv(s1.c);
+    double took;
+    char *del[] = {"rdma", "link", "delete", dev, NULL};
+    int rc = run_while_looping(ctx, del, &took);
+    printf("rdma link delete %s: exit %d after %.2f s\n", dev, rc, took);
+    assert_int_equal(rc, 0);                  /* meshwire let go of the device */
+    loop_for(ctx, 50);
+    assert_int_equal(mw_future_error(pending), -ENODEV);
+    assert_int_equal(mw_future_error(other), -ENODEV);
+    printf("pending receive: %s\n", mw_future_message(pending));
+    assert_non_null(strstr(mw_future_message(pending), dev));
+    mw_future_unref(pending);
+    mw_future_unref(other);
+    assert_int_equal(mw_listener_port(s1.l), -ENODEV);
+
+    round_trip(ctx, c0, s0.c);                /* the other device goes on */
+
+    char *add[] = {"rdma", "link", "add", dev, "type", "rxe", "netdev", netdev, NULL};
+    rc = run_while_looping(ctx, add, &took);
+    printf("rdma link add %s type rxe netdev %s: exit %d\n", dev, netdev, rc);
+    assert_int_equal(rc, 0);
+    struct server s2;
+    mw_conn_t *c2 = pair(ctx, addrs[1], &s2);  /* a new connection over it */
+    round_trip(ctx, c2, s2.c);
+    mw_conn_stats_t st2;
+    mw_conn_stats(c2, &st2);
+    printf("after re-adding: a new connection on %s works\n", st2.device);
+
+    mw_conn_abort(c0);
+    mw_conn_abort(s0.c);
+    mw_conn_abort(c1);
+    mw_conn_abort(s1.c);
+    mw_conn_abort(c2);
+    mw_conn_abort(s2.c);
+    mw_listener_free(s0.l);
+    mw_listener_free(s1.l);
+    mw_listener_free(s2.l);
+    mw_ctx_free(ctx);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rxe_require(2, addrs);
+    if (getuid() != 0) {
+        printf("SKIP: deleting an RDMA device needs root\n");
+        return SKIP_EXIT;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(device_deleted_under_live_connections),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
