@@ -94,6 +94,8 @@ typedef struct mw_ctx_stats {
     uint64_t reg_cache_hits;  /**< mw_reg() served by an existing registration */
     uint64_t futures_created;
     uint64_t futures_live;    /**< allocated and not yet released */
+    uint64_t protocol_errors; /**< connections failed for what a peer sent
+                                   (malformed fragments, credits never given) */
     uint64_t devices;         /**< devices opened (a protection domain each) */
 } mw_ctx_stats_t;
 
@@ -355,8 +357,12 @@ typedef struct mw_remote {
     uint32_t rkey;
 } mw_remote_t;
 
-/** mw_mem_export() - describe [addr, addr+len), which must be memory from
- *  mw_alloc() or mw_reg(), for one-sided access by @c's peer. */
+/** mw_mem_export() - let @c's peer read and write [addr, addr+len), memory
+ *  from mw_alloc() or mw_reg(), and describe it in @out for the peer.  It
+ *  registers exactly that range for remote access (other registrations are
+ *  local-only), so whatever a peer sends it reaches nothing else.  The
+ *  registration lasts until the connection is freed.  Return: 0, -EFAULT
+ *  (not registered memory), -ENOTCONN (no device yet), or the device's error. */
 MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);
 
 /** mw_write() / mw_read() - one-sided RDMA of @len bytes between local

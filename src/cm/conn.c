@@ -250,6 +250,8 @@ void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
         vsnprintf(c->why, sizeof c->why, fmt, ap);
         va_end(ap);
         c->err = err;
+        if (err == -EPROTO)
+            c->ctx->stats.protocol_errors++;
         /* a peer closing, our own abort or teardown, or a connect that
          * failed (its future tells the caller) is an ordinary end */
         bool ordinary = err == -ECONNRESET || err == -ECONNABORTED || err == -ECANCELED ||
@@ -314,6 +316,7 @@ void mw__conn_free(mw_conn_t *c)
             rdma_destroy_qp(c->id);   /* completions still queued turn stray */
         rdma_destroy_id(c->id);
     }
+    mw__rdma_drop_exports(c);
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     mw__rdma_drop_all(c);
@@ -386,6 +389,7 @@ void mw__conn_drop_attempt(mw_conn_t *c)
         return;
     if (c->id->qp)
         rdma_destroy_qp(c->id);
+    mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     c->cqe_reserved = 0;

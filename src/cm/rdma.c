@@ -15,19 +15,54 @@
 #include "core/mem.h"
 #include "core/op.h"
 
+/* An export is a registration of its own over exactly [addr, addr+len),
+ * the only kind that grants remote access: the registrations behind
+ * mw_alloc and mw_reg are local-only, so a peer -- even one with its own
+ * verbs, ignoring mw_remote_t.len -- reaches nothing outside what was
+ * exported.  (Type 2 memory windows would also tie the key to the QP, but
+ * rxe checks a window's accesses against its MR's range, not its own.) */
+struct mw__export {
+    struct mw__export *next;
+    struct ibv_mr *mr;
+};
+
 int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out)
 {
     if (!c || !addr || !len || !out)
         return -EINVAL;
-    if (!c->dev)
+    if (!c->dev || c->dev->removed)
         return -ENOTCONN;
-    uint32_t lkey;
-    int rc = mw__mem_keys(c->ctx, c->dev, addr, len, &lkey, &out->rkey);
+    void *local;
+    int rc = mw__mem_handle(c->ctx, c->dev, addr, len, &local);
     if (rc < 0)
+        return rc;                /* not registered memory: -EFAULT */
+    struct mw__export *e = calloc(1, sizeof *e);
+    if (!e)
+        return -ENOMEM;
+    errno = 0;
+    e->mr = ibv_reg_mr(c->dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                                  IBV_ACCESS_REMOTE_READ);
+    if (!e->mr) {
+        rc = errno ? -errno : -ENOMEM;
+        free(e);
         return rc;
-    out->addr = (uintptr_t)addr;
-    out->len = len;
+    }
+    c->ctx->stats.registrations++;
+    e->next = c->exports;
+    c->exports = e;
+    *out = (mw_remote_t){.addr = (uintptr_t)addr, .len = len, .rkey = e->mr->rkey};
     return 0;
+}
+
+void mw__rdma_drop_exports(mw_conn_t *c)
+{
+    while (c->exports) {
+        struct mw__export *e = c->exports;
+        c->exports = e->next;
+        ibv_dereg_mr(e->mr);
+        c->ctx->stats.deregistrations++;
+        free(e);
+    }
 }
 
 static uint64_t chunk_of(const mw_conn_t *c)

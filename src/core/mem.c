@@ -50,9 +50,9 @@ static void *ibv_backend_reg(void *be, struct mw__dev *dev, void *addr, size_t l
                              uint32_t *lkey, uint32_t *rkey)
 {
     (void)be;
-    struct ibv_mr *mr = ibv_reg_mr(dev->pd, addr, len,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                       IBV_ACCESS_REMOTE_READ);
+    /* Local access only: a peer reaches memory through the registration
+     * mw_mem_export makes over exactly the range exported, nothing else. */
+    struct ibv_mr *mr = ibv_reg_mr(dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
     if (!mr)
         return NULL;           /* errno set by ibv_reg_mr */
     *lkey = mr->lkey;
@@ -157,8 +157,9 @@ void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
         mw__registrar_remove_dev(&ctx->mem->rg, dev);
 }
 
-int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                 size_t len, uint32_t *lkey, uint32_t *rkey)
+/* The region holding [addr, addr+len) registered with @dev. */
+static int find_region(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                       size_t len, const struct mw__region **out)
 {
     uintptr_t start = (uintptr_t)addr, end;
     if (!len || __builtin_add_overflow(start, len, &end))
@@ -171,9 +172,30 @@ int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *add
         r = mw__rindex_find(&m->user_ix, start, end);
     if (!r)
         return -EFAULT;
-    *lkey = r->keys[dev->index].lkey;
-    *rkey = r->keys[dev->index].rkey;
+    *out = r;
     return 0;
+}
+
+int mw__mem_handle(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                   size_t len, void **handle)
+{
+    const struct mw__region *r;
+    int rc = find_region(ctx, dev, addr, len, &r);
+    if (rc == 0 && !(*handle = r->keys[dev->index].handle))
+        rc = -EFAULT;
+    return rc;
+}
+
+int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                 size_t len, uint32_t *lkey, uint32_t *rkey)
+{
+    const struct mw__region *r;
+    int rc = find_region(ctx, dev, addr, len, &r);
+    if (rc == 0) {
+        *lkey = r->keys[dev->index].lkey;
+        *rkey = r->keys[dev->index].rkey;
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------------

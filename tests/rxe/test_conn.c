@@ -384,6 +384,50 @@ static void one_sided_bounds_are_checked_locally(void **state)
     mw_free(p->ctx, src);
 }
 
+/* A peer that ignores the bounds it was given (a forged mw_remote_t, as a
+ * peer with its own verbs could send) is stopped by the remote side: the
+ * export is a memory window over exactly its range, so memory next to it,
+ * in the same registration, stays untouched, and a key never given works
+ * nowhere.  Each attempt breaks the connection (remote access error). */
+static void remote_side_enforces_the_export(void **state)
+{
+    (void)state;
+    const char *forgeries[] = {"range", "key"};
+    for (int k = 0; k < 2; k++) {
+        struct pair *p;
+        pair_setup((void **)&p);
+        uint8_t *page = mw_alloc(p->ctx, 3 * 4096), *src = mw_alloc(p->ctx, 3 * 4096);
+        memset(page, 0xAB, 3 * 4096);
+        memset(src, 0x11, 3 * 4096);
+        mw_remote_t r, forged;
+        assert_int_equal(mw_mem_export(p->p, page + 4096, 4096, &r), 0);   /* the middle */
+        forged = r;
+        if (k == 0) {
+            forged.addr -= 4096;                  /* all three pages */
+            forged.len = 3 * 4096;
+        } else {
+            forged.rkey ^= 0x5a00;                /* a key never handed out */
+        }
+        mw_future_t *f = mw_write(p->c, src, k == 0 ? 3 * 4096 : 64, &forged, 0);
+        int rc = mw_wait(f);
+        printf("forged %s: write %s (%s)\n", forgeries[k], rc ? mw_strerror(rc) : "DONE",
+               mw_future_message(f));
+        assert_int_equal(rc, -EACCES);            /* the peer's device refused it */
+        mw_future_unref(f);
+        for (int i = 0; i < 4096; i++) {          /* the neighbours are untouched */
+            assert_int_equal(page[i], 0xAB);
+            assert_int_equal(page[2 * 4096 + i], 0xAB);
+        }
+        mw_free(p->ctx, page);
+        mw_free(p->ctx, src);
+        mw_conn_abort(p->c);                      /* broken: abort, not close */
+        mw_conn_abort(p->p);
+        p->c = NULL;
+        p->s.n = 0;
+        pair_teardown((void **)&p);
+    }
+}
+
 /* --- close ---------------------------------------------------------------- */
 
 static void graceful_close_finishes_pending_work(void **state)
@@ -643,6 +687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(messages_keep_their_order_both_ways, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(one_sided_write_read_and_imm, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
+        cmocka_unit_test(remote_side_enforces_the_export),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test(waiting_receive_survives_keepalive_probes),

@@ -1,8 +1,10 @@
-/* Peers that misbehave at the connection level, played by a raw rdma_cm
- * server in a child process: one that never accepts, one that accepts with
- * a handshake that is not meshwire's, and one that accepts properly and
- * then never answers.  Every pending future fails within its deadline with
- * an error naming the peer, and the context goes on serving others. */
+/* Peers that misbehave at the connection level, played by raw rdma_cm
+ * programs in a child process: a server that never accepts, one that
+ * accepts with a handshake that is not meshwire's, one that accepts properly
+ * and then never answers, and clients that pass the handshake and then send
+ * malformed fragments.  Every pending future fails within its deadline with
+ * an error naming the peer, bad input is counted, and the context goes on
+ * serving others. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include <cmocka.h>
 
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 #include "meshwire.h"
 #include "cm/wire.h"
@@ -61,6 +64,57 @@ static int raw_server(const char *addr, const char *port, const char *kind)
         return 3;
     for (;;)                      /* no receive posted, nothing sent: mute */
         pause();
+}
+
+/* A client that passes the handshake, then sends one fragment made bad as
+ * @kind says, and waits to be killed. */
+static int raw_client(const char *addr, const char *port, const char *kind)
+{
+    struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
+    struct rdma_cm_id *id;
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
+    if (rdma_getaddrinfo(addr, port, &hints, &res) || rdma_create_ep(&id, res, NULL, &qa))
+        return 2;
+    uint8_t pd[MW__HELLO_LEN];
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
+    mw__hello_encode(&h, pd, sizeof pd);
+    struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
+                                 .retry_count = 7, .rnr_retry_count = 7};
+    if (rdma_connect(id, &cp))
+        return 3;
+    static uint8_t buf[256];
+    struct mw__frag f = {.type = MW__FRAG_DATA, .flags = MW__FRAG_FIRST | MW__FRAG_LAST,
+                         .len = 8, .msg_id = 1, .total = 8};
+    size_t len = MW__FRAG_HDR_LEN + 8;
+    if (!strcmp(kind, "type"))
+        f.type = 9;                           /* no such fragment type */
+    else if (!strcmp(kind, "length"))
+        f.len = f.total = 60000;              /* claims more than was sent */
+    else if (!strcmp(kind, "credits"))
+        f = (struct mw__frag){.type = MW__FRAG_CREDIT, .credits = 1000};   /* never given */
+    else if (!strcmp(kind, "sequence"))
+        f.flags = MW__FRAG_LAST, f.offset = 0;    /* a last fragment with no first */
+    mw__frag_encode(&f, buf, sizeof buf);
+    struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof buf);
+    struct ibv_wc wc;
+    if (!mr || rdma_post_send(id, NULL, buf, len, mr, IBV_SEND_SIGNALED) ||
+        rdma_get_send_comp(id, &wc) <= 0)
+        return 4;
+    for (;;)
+        pause();
+}
+
+static pid_t spawn_client(const char *kind, int port)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    char *argv[] = {self_path, "raw-client", (char *)addrs[1], ps, (char *)kind, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    return pid;
 }
 
 static pid_t spawn_server(const char *kind, int port)
@@ -203,10 +257,62 @@ static void peer_that_accepts_then_never_answers(void **state)
     mw_ctx_free(ctx);
 }
 
+struct accepted {
+    mw_conn_t *c;
+};
+
+static void keep_accepted(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct accepted *a = arg;
+    if (a->c)
+        mw_conn_abort(c);
+    else
+        a->c = c;
+}
+
+static void malformed_fragments_are_refused_and_counted(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    const char *kinds[] = {"type", "length", "credits", "sequence"};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        char la[64];
+        int port = next_port();
+        snprintf(la, sizeof la, "%s:%d", addrs[1], port);
+        struct accepted a = {0};
+        mw_listener_t *l;
+        assert_int_equal(mw_listen(ctx, la, NULL, keep_accepted, &a, &l), 0);
+        mw_ctx_stats_t s0, s1;
+        mw_ctx_stats(ctx, &s0);
+        pid_t pid = spawn_client(kinds[k], port);
+        for (int i = 0; i < 1000 && !a.c; i++)
+            loop_for(ctx, 10);
+        assert_non_null(a.c);
+        mw_future_t *r = mw_recv(a.c);
+        mw_future_set_timeout(r, 10000);
+        int rc = mw_wait(r);
+        printf("raw client, bad fragment (%s): %s (%s)\n", kinds[k], mw_strerror(rc),
+               mw_future_message(r));
+        assert_int_equal(rc, -EPROTO);
+        mw_ctx_stats(ctx, &s1);
+        assert_int_equal(s1.protocol_errors, s0.protocol_errors + 1);
+        mw_future_unref(r);
+        stop(pid);
+        mw_conn_abort(a.c);
+        mw_listener_free(l);
+        context_still_serves(ctx);
+    }
+    mw_ctx_free(ctx);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "raw-server"))
         return raw_server(argv[2], argv[3], argv[4]);
+    if (argc == 5 && !strcmp(argv[1], "raw-client"))
+        return raw_client(argv[2], argv[3], argv[4]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     rxe_require(2, addrs);
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
@@ -215,6 +321,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_that_never_accepts),
         cmocka_unit_test(server_with_a_foreign_handshake),
         cmocka_unit_test(peer_that_accepts_then_never_answers),
+        cmocka_unit_test(malformed_fragments_are_refused_and_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
