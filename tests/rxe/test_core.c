@@ -52,6 +52,7 @@ struct writer {
     mw_ctx_t *ctx;
     struct ibv_qp *qp;
     uint32_t lkey, rkey;
+    struct ibv_mr *export;      /* the target's remote-access registration */
     char *src, *dst;            /* local source, remote target */
     size_t len;
     unsigned posted, completed, errors, target, window;
@@ -95,15 +96,24 @@ static void run_writes(struct writer *w)
     assert_int_equal(event_base_dispatch(w->ctx->base), 0);
 }
 
+/* The source goes by the context's own (local-only) registration; the
+ * target is exported as mw_mem_export does: a registration of its own. */
 static struct writer writer_for(struct fx *f, char *src, char *dst, size_t len)
 {
     struct writer w = {.ctx = f->ctx, .qp = f->qp.client->qp, .src = src, .dst = dst,
                        .len = len, .target = 1, .window = 1};
     uint32_t rk;
     assert_int_equal(mw__mem_keys(f->ctx, f->qp.cdev, src, len, &w.lkey, &rk), 0);
-    uint32_t lk;
-    assert_int_equal(mw__mem_keys(f->ctx, f->qp.sdev, dst, len, &lk, &w.rkey), 0);
+    w.export = ibv_reg_mr(f->qp.sdev->pd, dst, len, IBV_ACCESS_LOCAL_WRITE |
+                                                        IBV_ACCESS_REMOTE_WRITE);
+    assert_non_null(w.export);
+    w.rkey = w.export->rkey;
     return w;
+}
+
+static void writer_done(struct writer *w)
+{
+    ibv_dereg_mr(w->export);
 }
 
 /* --- tests --------------------------------------------------------------- */
@@ -134,6 +144,7 @@ static void arena_memory_moves_between_devices(void **state)
     run_writes(&w);
     assert_int_equal(w.errors, 0);
     assert_memory_equal(src, dst, len);
+    writer_done(&w);
     mw_ctx_stats_t st;
     mw_ctx_stats(f->ctx, &st);
     assert_true(st.registrations >= 2);        /* each extent, on both devices */
@@ -161,6 +172,7 @@ static void user_memory_registered_and_cached(void **state)
     run_writes(&w);
     assert_int_equal(w.errors, 0);
     assert_memory_equal(src, dst, len);
+    writer_done(&w);
     assert_int_equal(mw_dereg(f->ctx, again), 0);
     assert_int_equal(mw_dereg(f->ctx, ms), 0);
     assert_int_equal(mw_dereg(f->ctx, md), 0);
@@ -171,13 +183,16 @@ static void user_memory_registered_and_cached(void **state)
     free(dst);
 }
 
-static void write_out_of_bounds_fails_with_its_status(void **state)
+static void write_without_an_export_fails_with_its_status(void **state)
 {
     struct fx *f = *state;
     char *src = mw_alloc(f->ctx, 4096), *dst = mw_alloc(f->ctx, 4096);
     struct writer w = writer_for(f, src, dst, 4096);
-    w.rkey ^= 0x5a5a00;                        /* a key the target never issued */
+    /* the target's own registration (not an export) grants no remote access */
+    uint32_t lk;
+    assert_int_equal(mw__mem_keys(f->ctx, f->qp.sdev, dst, 4096, &lk, &w.rkey), 0);
     run_writes(&w);
+    writer_done(&w);
     assert_int_equal(w.completed, 1);
     assert_int_equal(w.errors, 1);
     mw_ctx_stats_t st;
@@ -210,6 +225,7 @@ static void burst_of_10000_is_drained_by_events(void **state)
     assert_int_equal(comps, 10000);
     assert_true(events > 0);
     assert_true(comps >= 4 * events);          /* batches per wake-up, well above 1 */
+    writer_done(&w);
     mw_free(f->ctx, src);
     mw_free(f->ctx, dst);
 }
@@ -252,7 +268,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(two_devices_on_two_subnets, setup, teardown),
         cmocka_unit_test_setup_teardown(arena_memory_moves_between_devices, setup, teardown),
         cmocka_unit_test_setup_teardown(user_memory_registered_and_cached, setup, teardown),
-        cmocka_unit_test_setup_teardown(write_out_of_bounds_fails_with_its_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(write_without_an_export_fails_with_its_status, setup, teardown),
         cmocka_unit_test_setup_teardown(burst_of_10000_is_drained_by_events, setup, teardown),
         cmocka_unit_test_setup_teardown(idle_context_uses_no_cpu, setup, teardown),
     };
