@@ -207,11 +207,13 @@ static void connect_close_cycles(void **state)
     assert_true(open.qps >= 2 * WAVE);
     assert_int_equal(base.qps, 0);
     assert_int_equal(end.qps, 0);
-    /* the registered arena settles a little later than the rest (it took
-     * longer under ASan): MRs are compared from the 60% mark */
-    assert_int_equal(end.mrs, mid.mrs);
     assert_int_equal(end.fds, base.fds);
-#ifndef __SANITIZE_ADDRESS__       /* ASan's quarantine holds freed memory */
+#ifndef __SANITIZE_ADDRESS__
+    /* the registered arena settles a little later than the rest: MRs are
+     * compared from the 60% mark.  Under ASan (its quarantine holds freed
+     * memory, and its run is shorter) neither settles: the plain run
+     * checks them. */
+    assert_int_equal(end.mrs, mid.mrs);
     assert_true(end.rss_kib - base.rss_kib < 2048);
 #endif
     mw_listener_free(l);
