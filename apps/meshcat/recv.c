@@ -250,6 +250,7 @@ static int ask_down(struct receiver *x, const struct mc_msg *m, enum mc_type wan
 static int fail_file(struct receiver *x, int err, const char *why)
 {
     discard_output(x);
+    mc_sum_drop(&x->sum);
     x->receiving = false;
     give_up(x, err, why);
     mc_say(&x->s, -1, "%s", why);

@@ -152,6 +152,12 @@ void mc_sum_final(struct mc_sum *h, uint8_t out[MC_SUM_LEN])
     h->st = NULL;
 }
 
+void mc_sum_drop(struct mc_sum *h)
+{
+    XXH3_freeState(h->st);
+    h->st = NULL;
+}
+
 void mc_sum_hex(const uint8_t d[MC_SUM_LEN], char out[2 * MC_SUM_LEN + 1])
 {
     for (int i = 0; i < MC_SUM_LEN; i++)

@@ -54,6 +54,8 @@ struct mc_sum {
 int mc_sum_init(struct mc_sum *h);
 void mc_sum_update(struct mc_sum *h, const void *p, size_t n);
 void mc_sum_final(struct mc_sum *h, uint8_t out[MC_SUM_LEN]);
+/* mc_sum_drop() - give up a checksum in progress (NULL-safe, repeatable). */
+void mc_sum_drop(struct mc_sum *h);
 void mc_sum_hex(const uint8_t d[MC_SUM_LEN], char out[2 * MC_SUM_LEN + 1]);
 
 #endif
