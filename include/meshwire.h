@@ -117,7 +117,9 @@ MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
  * base instead: mw_ctx_fd() returns -EINVAL there.)
  */
 /** mw_ctx_fd() - the descriptor (owned by the context; do not close it), or
- *  a negative errno. */
+ *  a negative errno.  Ask for it right after mw_ctx_new(), before starting
+ *  operations: deadlines of timers set before the first call are not
+ *  tracked (their operations still progress on other events). */
 MW_EXTERN int mw_ctx_fd(mw_ctx_t *ctx);
 /** mw_ctx_progress() - do the work that is due without blocking: 0, or
  *  -EINVAL (not an own base), -EDEADLK (from inside a callback). */

@@ -5,8 +5,9 @@
  * The descriptor is an epoll set of meshwire's own: every descriptor the
  * context watches (completion channels, the rdma_cm channel, the hand-off
  * eventfd) plus a timerfd set to the earliest deadline of the context's
- * timers.  Deadlines are kept in a min-heap as they are added (on a base
- * the context owns, the only kind mw_ctx_fd serves); one whose timer was
+ * timers.  Deadlines are kept in a min-heap as they are added, from the
+ * first mw_ctx_fd() call on (nothing is tracked for contexts that never
+ * ask, so the completion path pays nothing); one whose timer was
  * deleted or re-added stays until it passes and costs at most a spurious
  * wake-up, never a missed one. */
 #include <errno.h>
@@ -104,7 +105,7 @@ int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
 {
     int rc = event_add(ev, tv);
     struct mw__loop *l = ctx->loop;
-    if (rc == 0 && tv && l && ctx->own_base) {  /* only an own base has mw_ctx_fd */
+    if (rc == 0 && tv && l && l->epfd >= 0) {  /* only once mw_ctx_fd was asked for */
         uint64_t now = now_ns();
         uint64_t at = now + (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
         while (l->nheap && l->heap[0] + 1000000000u <= now)
@@ -183,7 +184,7 @@ int mw_ctx_fd(mw_ctx_t *ctx)
     for (size_t i = 0; i < l->nfds; i++)
         if ((rc = epoll_add(l, l->fds[i])) < 0)
             goto fail;
-    arm_timerfd(l, l->nheap ? l->heap[0] : 0);
+    arm_timerfd(l, 1);            /* one progress at once: timers set before now */
     return l->epfd;
 fail:
     if (l->epfd >= 0)
