@@ -329,7 +329,10 @@ MW_EXTERN void mw_listener_free(mw_listener_t *l);
  * Return: a future whose value is the mw_conn_t * (the caller owns it once
  * the future is done); it fails with the reasons of every address tried:
  * -ECONNREFUSED when a peer refused (nothing listening there), else
- * -ETIMEDOUT when a step timed out, else -EHOSTUNREACH.
+ * -ETIMEDOUT when a step timed out, else what ran out locally (-ENOSPC: the
+ * device's completion queue is at max_cqe; -ENOMEM: registrable memory,
+ * RLIMIT_MEMLOCK; the device's error, e.g. -EAGAIN from the rdma cgroup,
+ * for a queue pair), else -EHOSTUNREACH.
  * NULL only when out of memory.
  */
 MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts);

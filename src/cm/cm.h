@@ -121,7 +121,7 @@ struct mw_conn {
     mw_future_t *connect_f;
     struct sockaddr_storage *peers;
     size_t npeers, next_peer;
-    char tried[256];              /* reasons per address, for the failure */
+    char tried[384];              /* reasons per address, for the failure */
     int attempt_err;              /* the error to report when all failed:
                                      a refusal wins, then a timeout */
 
@@ -177,7 +177,8 @@ void mw__cm_nics_changed(struct mw__cm *cm);
 
 /* conn.c */
 int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp);
-int mw__conn_setup_qp(mw_conn_t *c);         /* device, QP, buffers, receives */
+/* device, QP, buffers, receives; on failure @why says what ran out */
+int mw__conn_setup_qp(mw_conn_t *c, char *why, size_t cap);
 void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why);
 void mw__conn_established(mw_conn_t *c);

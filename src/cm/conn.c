@@ -90,15 +90,25 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp)
 
 /* --- queue pair and buffers ---------------------------------------------- */
 
-static int create_qp(mw_conn_t *c)
+static int create_qp(mw_conn_t *c, char *why, size_t cap)
 {
+    struct mw__dev *dev = c->dev;
     unsigned send_wr = c->opts.credits + c->opts.max_rdma_inflight + 1;
     unsigned recv_wr = c->opts.credits;
-    int rc = mw__dev_reserve_cqe(c->dev, (int)(send_wr + recv_wr));
-    if (rc < 0)
+    if ((int)send_wr > dev->attr.max_qp_wr || (int)recv_wr > dev->attr.max_qp_wr) {
+        snprintf(why, cap, "%u work requests exceed %s's max_qp_wr %d", send_wr, dev->name,
+                 dev->attr.max_qp_wr);
+        return -EINVAL;
+    }
+    int rc = mw__dev_reserve_cqe(dev, (int)(send_wr + recv_wr));
+    if (rc < 0) {
+        snprintf(why, cap, "%s's completion queue is full (%d entries in use, %u more "
+                 "needed, max_cqe %d): %s", dev->name, dev->cqe_used, send_wr + recv_wr,
+                 dev->attr.max_cqe, mw_strerror(rc));
         return rc;
+    }
     c->cqe_reserved = (int)(send_wr + recv_wr);
-    struct ibv_cq *cq = c->dev->cq->cq;
+    struct ibv_cq *cq = dev->cq->cq;
     struct ibv_qp_init_attr a = {
         .send_cq = cq,
         .recv_cq = cq,
@@ -106,26 +116,36 @@ static int create_qp(mw_conn_t *c)
         .cap = {.max_send_wr = send_wr, .max_recv_wr = recv_wr,
                 .max_send_sge = 1, .max_recv_sge = 1},
     };
-    if ((int)send_wr > c->dev->attr.max_qp_wr || (int)recv_wr > c->dev->attr.max_qp_wr)
-        return -EINVAL;
-    return rdma_create_qp(c->id, c->dev->pd, &a) < 0 ? -errno : 0;
+    if (rdma_create_qp(c->id, dev->pd, &a) == 0)
+        return 0;
+    rc = errno ? -errno : -ENOMEM;
+    snprintf(why, cap, "cannot create a queue pair on %s: %s", dev->name, mw_strerror(rc));
+    return rc;
 }
 
-int mw__conn_setup_qp(mw_conn_t *c)
+int mw__conn_setup_qp(mw_conn_t *c, char *why, size_t cap)
 {
     int rc = mw__dev_get(c->ctx, c->id->verbs, &c->dev);
-    if (rc < 0)
+    if (rc < 0) {
+        snprintf(why, cap, "cannot open the RDMA device: %s", mw_strerror(rc));
         return rc;
+    }
     snprintf(c->stats.device, sizeof c->stats.device, "%s", c->dev->name);
     mw__addr_str(rdma_get_local_addr(c->id), c->stats.local, sizeof c->stats.local);
     mw__addr_str(rdma_get_peer_addr(c->id), c->stats.remote, sizeof c->stats.remote);
     struct ibv_port_attr pa;
-    if ((rc = -ibv_query_port(c->id->verbs, c->id->port_num, &pa)) < 0)
+    if ((rc = -ibv_query_port(c->id->verbs, c->id->port_num, &pa)) < 0) {
+        snprintf(why, cap, "cannot query %s port %u: %s", c->dev->name, c->id->port_num,
+                 mw_strerror(rc));
         return rc;
+    }
     c->max_msg = pa.max_msg_sz;
-    if ((rc = create_qp(c)) < 0)
+    if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
-    return mw__msg_post_recvs(c);
+    if ((rc = mw__msg_post_recvs(c)) < 0)
+        snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
+                 c->opts.credits, c->opts.slot_size, c->dev->name, mw_strerror(rc));
+    return rc;
 }
 
 /* Connection parameters carrying our handshake in @pd (kept by the caller

@@ -18,7 +18,7 @@ static void attempt_failed(mw_conn_t *c, int err, const char *fmt, const char *d
 {
     if (c->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !c->attempt_err))
         c->attempt_err = err;
-    char addr[MW__ADDR_STRLEN], one[128];
+    char addr[MW__ADDR_STRLEN], one[192];
     mw__addr_str((struct sockaddr *)&c->peers[c->next_peer - 1], addr, sizeof addr);
     snprintf(one, sizeof one, fmt, detail);
     size_t used = strlen(c->tried);
@@ -117,9 +117,10 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
 
 static void on_route_resolved(mw_conn_t *c)
 {
-    int rc = mw__conn_setup_qp(c);
+    char why[160];
+    int rc = mw__conn_setup_qp(c, why, sizeof why);
     if (rc < 0) {
-        attempt_failed(c, rc, "cannot set up the queue pair: %s", mw_strerror(rc));
+        attempt_failed(c, rc, "%s", why);
         return;
     }
     uint8_t pd[MW__HELLO_LEN];

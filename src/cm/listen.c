@@ -117,14 +117,14 @@ static void on_accept_timeout(mw_conn_t *c)
 }
 
 static int accept_request(mw_listener_t *l, mw_conn_t *c, struct rdma_cm_event *ev,
-                          const char **why)
+                          const char **why, char *buf, size_t cap)
 {
     int rc;
     if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                        ev->param.conn.private_data_len, why)) < 0)
         return rc;
-    *why = "cannot set up the queue pair";
-    if ((rc = mw__conn_setup_qp(c)) < 0)
+    *why = buf;
+    if ((rc = mw__conn_setup_qp(c, buf, cap)) < 0)
         return rc;
     uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
@@ -153,7 +153,8 @@ static void on_connect_request(mw_listener_t *l, struct rdma_cm_event *ev)
     c->listener = l;
     c->state = MW__CONN_ACCEPTING;
     c->owner_gone = true;              /* until handed to the callback */
-    if ((rc = accept_request(l, c, ev, &why)) < 0) {
+    char reason[160];
+    if ((rc = accept_request(l, c, ev, &why, reason, sizeof reason)) < 0) {
         if (rc == -EPROTO)
             l->stats.rejected++;
         else
