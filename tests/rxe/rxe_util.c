@@ -4,6 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
 
 #include "rxe_util.h"
 
@@ -139,4 +145,93 @@ void loop_for(mw_ctx_t *ctx, unsigned ms)
     mw_future_set_timeout(t, ms);
     mw_wait(t);
     mw_future_unref(t);
+}
+
+/* --- meshwire connections within one context ------------------------------ */
+
+static void keep_accepted(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct rxe_server *s = arg;
+    assert_true(s->n < RXE_MAXC);
+    s->conns[s->n++] = c;
+}
+
+void rxe_server_start(struct rxe_server *s, mw_ctx_t *ctx, const char *addr,
+                      const mw_conn_opts_t *o)
+{
+    char la[80];
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    snprintf(la, sizeof la, "%s:0", addr);
+    assert_int_equal(mw_listen(ctx, la, o, keep_accepted, s, &s->l), 0);
+    s->port = mw_listener_port(s->l);
+    assert_true(s->port > 0);
+}
+
+void rxe_server_close(struct rxe_server *s)
+{
+    for (int i = 0; i < s->n; i++)
+        rxe_close_conn(s->conns[i]);
+    s->n = 0;
+    mw_listener_free(s->l);
+    s->l = NULL;
+}
+
+void rxe_wait_accepted(struct rxe_server *s, int n)
+{
+    for (int i = 0; s->n < n && i < 1000; i++)
+        loop_for(s->ctx, 10);
+    assert_int_equal(s->n, n);
+}
+
+mw_future_t *rxe_connect_future(mw_ctx_t *ctx, const char *addr, int port,
+                                const mw_conn_opts_t *o)
+{
+    char a[128];
+    snprintf(a, sizeof a, "%s:%d", addr, port);
+    mw_future_t *f = mw_connect(ctx, a, o);
+    assert_non_null(f);
+    return f;
+}
+
+mw_conn_t *rxe_connect(mw_ctx_t *ctx, const char *addr, int port, const mw_conn_opts_t *o)
+{
+    mw_future_t *f = rxe_connect_future(ctx, addr, port, o);
+    int rc = mw_wait(f);
+    if (rc)
+        fail_msg("connect %s:%d: %s: %s", addr, port, mw_strerror(rc), mw_future_message(f));
+    mw_conn_t *c = mw_future_value(f);
+    mw_future_unref(f);
+    return c;
+}
+
+void rxe_close_conn(mw_conn_t *c)
+{
+    mw_future_t *f = mw_conn_close(c);
+    int rc = mw_wait(f);
+    if (rc)
+        fail_msg("close: %s: %s", mw_strerror(rc), mw_future_message(f));
+    mw_future_unref(f);
+}
+
+void rxe_round_trip(mw_conn_t *a, mw_conn_t *b)
+{
+    static const char text[] = "still connected";
+    mw_future_t *r = mw_recv(b), *s = mw_send(a, text, sizeof text);
+    assert_int_equal(mw_wait(s), 0);
+    assert_int_equal(mw_wait(r), 0);
+    mw_msg_t *m = mw_future_value(r);
+    assert_int_equal(m->len, sizeof text);
+    assert_memory_equal(m->data, text, sizeof text);
+    mw_msg_free(m);
+    mw_future_unref(s);
+    mw_future_unref(r);
+}
+
+double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
 }

@@ -1,7 +1,7 @@
-/* Test-side plumbing for the rxe suite: skip without devices, and a
- * connected RC queue-pair pair between two local addresses, built with
- * blocking rdma_cm calls (the library's own cm layer is not under test here;
- * the QPs use the context's PDs and CQs). */
+/* Test-side plumbing for the rxe suite: skip without devices; a connected
+ * RC queue-pair pair between two local addresses, built with blocking
+ * rdma_cm calls (for tests below the cm layer; the QPs use the context's PDs
+ * and CQs); and meshwire connections within one context, for tests above. */
 #ifndef MW_TEST_RXE_UTIL_H
 #define MW_TEST_RXE_UTIL_H
 
@@ -9,6 +9,7 @@
 
 #include "core/cq.h"
 #include "core/dev.h"
+#include "meshwire.h"
 
 #define SKIP_EXIT 77
 
@@ -35,5 +36,39 @@ void loop_for(mw_ctx_t *ctx, unsigned ms);
 
 /* cpu_seconds() - user + system CPU time of this process so far. */
 double cpu_seconds(void);
+
+/* --- meshwire connections within one context (cmocka asserts) ------------ */
+
+#define RXE_MAXC 128
+/* A listener in the test's own context that keeps what it accepts. */
+struct rxe_server {
+    mw_ctx_t *ctx;
+    mw_listener_t *l;
+    int port;
+    mw_conn_t *conns[RXE_MAXC];
+    int n;
+};
+
+/* rxe_server_start() - listen on @addr (an address, "*" for all) at a free
+ * port with @o (NULL: defaults). */
+void rxe_server_start(struct rxe_server *s, mw_ctx_t *ctx, const char *addr,
+                      const mw_conn_opts_t *o);
+/* rxe_server_close() - close every accepted connection and the listener. */
+void rxe_server_close(struct rxe_server *s);
+/* rxe_wait_accepted() - run the loop until @s accepted @n (fail after 10 s). */
+void rxe_wait_accepted(struct rxe_server *s, int n);
+
+/* rxe_connect_future() - mw_connect() to @addr:@port; rxe_connect() waits
+ * and fails the test unless it connects. */
+mw_future_t *rxe_connect_future(mw_ctx_t *ctx, const char *addr, int port,
+                                const mw_conn_opts_t *o);
+mw_conn_t *rxe_connect(mw_ctx_t *ctx, const char *addr, int port, const mw_conn_opts_t *o);
+/* rxe_close_conn() - graceful close, which must succeed. */
+void rxe_close_conn(mw_conn_t *c);
+/* rxe_round_trip() - a message from @a arrives intact at @b. */
+void rxe_round_trip(mw_conn_t *a, mw_conn_t *b);
+
+/* now_s() - CLOCK_MONOTONIC in seconds. */
+double now_s(void);
 
 #endif

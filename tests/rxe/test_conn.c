@@ -29,80 +29,6 @@ extern char **environ;
 static const char *addrs[2];
 static char self_path[4096];
 
-/* --- a server side in the same loop ------------------------------------- */
-
-#define MAXC 128
-struct server {
-    mw_ctx_t *ctx;
-    mw_listener_t *l;
-    int port;
-    mw_conn_t *conns[MAXC];
-    int n;
-};
-
-static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
-{
-    (void)l;
-    struct server *s = arg;
-    assert_true(s->n < MAXC);
-    s->conns[s->n++] = c;
-}
-
-static void server_start(struct server *s, mw_ctx_t *ctx, const mw_conn_opts_t *o)
-{
-    memset(s, 0, sizeof *s);
-    s->ctx = ctx;
-    assert_int_equal(mw_listen(ctx, "*:0", o, on_accept, s, &s->l), 0);
-    s->port = mw_listener_port(s->l);
-    assert_true(s->port > 0);
-}
-
-static void close_all(struct server *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        mw_future_t *f = mw_conn_close(s->conns[i]);
-        assert_int_equal(mw_wait(f), 0);
-        mw_future_unref(f);
-    }
-    s->n = 0;
-    mw_listener_free(s->l);
-}
-
-static mw_conn_t *connect_to(mw_ctx_t *ctx, const char *addr, int port, const mw_conn_opts_t *o)
-{
-    char a[128];
-    snprintf(a, sizeof a, "%s:%d", addr, port);
-    mw_future_t *f = mw_connect(ctx, a, o);
-    int rc = mw_wait(f);
-    if (rc)
-        fail_msg("connect %s: %s: %s", a, mw_strerror(rc), mw_future_message(f));
-    mw_conn_t *c = mw_future_value(f);
-    mw_future_unref(f);
-    return c;
-}
-
-static void close_conn(mw_conn_t *c)
-{
-    mw_future_t *f = mw_conn_close(c);
-    assert_int_equal(mw_wait(f), 0);
-    mw_future_unref(f);
-}
-
-/* Wait until the server has accepted @n connections. */
-static void wait_accepted(struct server *s, int n)
-{
-    for (int i = 0; s->n < n && i < 1000; i++)
-        loop_for(s->ctx, 10);
-    assert_int_equal(s->n, n);
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* --- NIC choice ----------------------------------------------------------- */
 
 /* The RDMA device whose netdev carries @addr, from sysfs (rxe's "parent"). */
@@ -141,22 +67,22 @@ static void nic_choice_follows_the_peer_subnet(void **state)
 {
     (void)state;
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    server_start(&s, ctx, NULL);
+    rxe_server_start(&s, ctx, "*", NULL);
     for (int i = 0; i < 2; i++) {
         char want[64];
         if (device_of(addrs[i], want, sizeof want) < 0)
             skip();                     /* no rxe "parent": hardware */
-        mw_conn_t *c = connect_to(ctx, addrs[i], s.port, NULL);
+        mw_conn_t *c = rxe_connect(ctx, addrs[i], s.port, NULL);
         mw_conn_stats_t st;
         mw_conn_stats(c, &st);
         printf("peer %s -> local %s on %s (expected %s)\n", st.remote, st.local, st.device, want);
         assert_string_equal(st.device, want);
         assert_true(!strncmp(st.local, addrs[i], strlen(addrs[i])));
-        close_conn(c);
+        rxe_close_conn(c);
     }
-    close_all(&s);
+    rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
 
@@ -167,26 +93,26 @@ static void sixty_four_connections_at_once(void **state)
     (void)state;
     enum { N = 64 };
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.credits = 4;
     o.slot_size = 4096;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    server_start(&s, ctx, &o);
+    rxe_server_start(&s, ctx, "*", &o);
     char a[64];
     snprintf(a, sizeof a, "%s:%d", addrs[1], s.port);
     mw_future_t *fs[N];
-    double t0 = now();
+    double t0 = now_s();
     for (int i = 0; i < N; i++)
         assert_non_null(fs[i] = mw_connect(ctx, a, &o));    /* all in flight at once */
-    double issued = now() - t0;
+    double issued = now_s() - t0;
     mw_future_t *all = mw_future_all(ctx, fs, N);
     int rc = mw_wait(all);
-    double t = now() - t0;
+    double t = now_s() - t0;
     if (rc)
         fail_msg("%s", mw_future_message(all));
-    wait_accepted(&s, N);
+    rxe_wait_accepted(&s, N);
     printf("64 connections: set up in %.3f s (issuing them took %.4f s)\n", t, issued);
     assert_true(issued < 0.5);          /* mw_connect never blocks on setup */
     /* every pair carries a message */
@@ -214,11 +140,11 @@ static void sixty_four_connections_at_once(void **state)
     mw_listener_stats(s.l, &ls);
     assert_int_equal(ls.accepted, N);
     for (int i = 0; i < N; i++) {
-        close_conn(mw_future_value(fs[i]));
+        rxe_close_conn(mw_future_value(fs[i]));
         mw_future_unref(fs[i]);
     }
     mw_future_unref(all);
-    close_all(&s);
+    rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
 
@@ -226,7 +152,7 @@ static void sixty_four_connections_at_once(void **state)
 
 struct pair {
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     mw_conn_t *c, *p;          /* client end, server end */
 };
 
@@ -234,9 +160,9 @@ static int pair_setup(void **state)
 {
     struct pair *p = calloc(1, sizeof *p);
     assert_int_equal(mw_ctx_new(&p->ctx, NULL, NULL), 0);
-    server_start(&p->s, p->ctx, NULL);
-    p->c = connect_to(p->ctx, addrs[1], p->s.port, NULL);
-    wait_accepted(&p->s, 1);
+    rxe_server_start(&p->s, p->ctx, "*", NULL);
+    p->c = rxe_connect(p->ctx, addrs[1], p->s.port, NULL);
+    rxe_wait_accepted(&p->s, 1);
     p->p = p->s.conns[0];
     *state = p;
     return 0;
@@ -246,8 +172,8 @@ static int pair_teardown(void **state)
 {
     struct pair *p = *state;
     if (p->c)
-        close_conn(p->c);
-    close_all(&p->s);
+        rxe_close_conn(p->c);
+    rxe_server_close(&p->s);
     mw_ctx_free(p->ctx);
     free(p);
     return 0;
@@ -267,11 +193,11 @@ static void messages_of_awkward_sizes_arrive_intact(void **state)
         size_t n = sizes[k];
         uint8_t *b = malloc(n ? n : 1);
         fill(b, n, (unsigned)k);
-        double t0 = now();
+        double t0 = now_s();
         mw_future_t *sf = mw_send(p->c, b, n), *rf = mw_recv(p->p);
         assert_int_equal(mw_wait(rf), 0);
         assert_int_equal(mw_wait(sf), 0);
-        double t = now() - t0;
+        double t = now_s() - t0;
         mw_msg_t *m = mw_future_value(rf);
         assert_int_equal(m->len, n);
         assert_memory_equal(m->data, b, n);
@@ -337,10 +263,10 @@ static void one_sided_write_read_and_imm(void **state)
     mw_remote_t r;
     assert_int_equal(mw_mem_export(p->p, target, n, &r), 0);   /* the server exports */
     mw_conn_on_imm(p->p, on_imm, NULL);
-    double t0 = now();
+    double t0 = now_s();
     mw_future_t *w = mw_write_imm(p->c, src, n, &r, 0, 0xabcd1234);
     assert_int_equal(mw_wait(w), 0);
-    double t = now() - t0;
+    double t = now_s() - t0;
     mw_future_unref(w);
     printf("write of %zu bytes: %.1f MiB/s\n", n, n / t / (1 << 20));
     for (int i = 0; imm_count == 0 && i < 500; i++) /* the imm arrives on the loop */
@@ -491,14 +417,14 @@ static void waiting_receive_survives_keepalive_probes(void **state)
 {
     (void)state;
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.keepalive_ms = 100;               /* a probe every 100 ms of silence */
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    server_start(&s, ctx, &o);
-    mw_conn_t *c = connect_to(ctx, addrs[1], s.port, &o);
-    wait_accepted(&s, 1);
+    rxe_server_start(&s, ctx, "*", &o);
+    mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, &o);
+    rxe_wait_accepted(&s, 1);
     mw_future_t *r = mw_recv(c);
     loop_for(ctx, 1000);                /* ~10 probes to a healthy peer */
     assert_int_equal(mw_future_state(r), MW_FUTURE_PENDING);
@@ -514,8 +440,8 @@ static void waiting_receive_survives_keepalive_probes(void **state)
     mw_future_unref(r);
     assert_int_equal(mw_wait(sf), 0);
     mw_future_unref(sf);
-    close_conn(c);
-    close_all(&s);
+    rxe_close_conn(c);
+    rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
 
@@ -589,9 +515,9 @@ static void malformed_handshakes_are_rejected_and_counted(void **state)
 {
     (void)state;
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    server_start(&s, ctx, NULL);
+    rxe_server_start(&s, ctx, "*", NULL);
     const char *kinds[] = {"none", "garbage", "magic", "version", "truncated"};
     for (size_t k = 0; k < 5; k++) {
         pid_t pid = spawn_self("raw", addrs[1], s.port, kinds[k]);
@@ -599,8 +525,8 @@ static void malformed_handshakes_are_rejected_and_counted(void **state)
         printf("raw client with %s handshake: %s\n", kinds[k], rc == 0 ? "rejected" : "ADMITTED");
         assert_int_equal(rc, 0);
         /* and a good client is still served */
-        mw_conn_t *c = connect_to(ctx, addrs[1], s.port, NULL);
-        close_conn(c);
+        mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);
+        rxe_close_conn(c);
     }
     /* the server counts a good client once its ESTABLISHED arrives, which
      * may be after the client's own connect (and close) completed */
@@ -612,7 +538,7 @@ static void malformed_handshakes_are_rejected_and_counted(void **state)
     }
     assert_int_equal(ls.rejected, 5);
     assert_int_equal(ls.accepted, 5);
-    close_all(&s);
+    rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
 
@@ -644,11 +570,11 @@ static void killed_peer_fails_pending_work_in_bounded_time(void **state)
 {
     (void)state;
     mw_ctx_t *ctx;
-    struct server s;
+    struct rxe_server s;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    server_start(&s, ctx, NULL);
+    rxe_server_start(&s, ctx, "*", NULL);
     pid_t pid = spawn_self("stream", addrs[1], s.port, "-");
-    wait_accepted(&s, 1);
+    rxe_wait_accepted(&s, 1);
     mw_future_t *first = mw_recv(s.conns[0]);
     assert_int_equal(mw_wait(first), 0);               /* data is flowing */
     mw_msg_free(mw_future_value(first));
@@ -657,10 +583,10 @@ static void killed_peer_fails_pending_work_in_bounded_time(void **state)
     kill(pid, SIGKILL);
     int st;
     waitpid(pid, &st, 0);
-    double t0 = now();
+    double t0 = now_s();
     mw_future_set_timeout(pending, 30000);            /* only a backstop */
     int rc = mw_wait(pending);
-    double t = now() - t0;
+    double t = now_s() - t0;
     printf("peer killed: pending receive failed after %.3f s: %s (%s)\n", t, mw_strerror(rc),
            mw_future_message(pending));
     assert_int_not_equal(rc, 0);
@@ -668,9 +594,9 @@ static void killed_peer_fails_pending_work_in_bounded_time(void **state)
     assert_non_null(strstr(mw_future_message(pending), addrs[1]));   /* names the peer */
     mw_future_unref(pending);
     /* the context serves others */
-    mw_conn_t *c = connect_to(ctx, addrs[1], s.port, NULL);
-    close_conn(c);
-    close_all(&s);
+    mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);
+    rxe_close_conn(c);
+    rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
 

@@ -25,13 +25,6 @@
 extern char **environ;
 static const char *addrs[2];
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
 struct server {
     mw_listener_t *l;
     mw_conn_t *c;
@@ -90,12 +83,12 @@ static void round_trip(mw_ctx_t *ctx, mw_conn_t *a, mw_conn_t *b)
 static int run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
 {
     pid_t pid;
-    double t0 = now();
+    double t0 = now_s();
     assert_int_equal(posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ), 0);
     for (int i = 0; i < 3000; i++) {
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) {
-            *took = now() - t0;
+            *took = now_s() - t0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
         loop_for(ctx, 10);

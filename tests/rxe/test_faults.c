@@ -1,11 +1,14 @@
 /* Peers that misbehave at the connection level, played by raw rdma_cm
  * programs in a child process: a server that never accepts, one that
  * accepts with a handshake that is not meshwire's, one that accepts properly
- * and then never answers, and clients that pass the handshake and then send
- * malformed fragments.  Every pending future fails within its deadline with
+ * and then never answers, a server and a client SIGKILLed in the middle of
+ * connecting, and clients that pass the handshake and then send malformed
+ * fragments.  Every pending future fails within its deadline with
  * an error naming the peer, bad input is counted, and the context goes on
  * serving others. */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,16 +35,10 @@ extern char **environ;
 static const char *addrs[2];
 static char self_path[4096];
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
 /* --- the raw server (child mode) -------------------------------------------- */
 
-/* Listen on @addr:@port; on the first request behave as @kind says, then
+/* Listen on @addr:@port (and say so on fd 3); on the first request behave
+ * as @kind says (silent: nothing; die: SIGKILL itself; else accept), then
  * sleep until killed. */
 static int raw_server(const char *addr, const char *port, const char *kind)
 {
@@ -50,8 +48,15 @@ static int raw_server(const char *addr, const char *port, const char *kind)
                                           .max_send_sge = 1, .max_recv_sge = 1},
                                   .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
     if (rdma_getaddrinfo(addr, port, &hints, &res) || rdma_create_ep(&listen_id, res, NULL, &qa) ||
-        rdma_listen(listen_id, 4) || rdma_get_request(listen_id, &id))
+        rdma_listen(listen_id, 4))
         return 2;
+    if (write(3, "L", 1) != 1)
+        return 2;
+    close(3);
+    if (rdma_get_request(listen_id, &id))
+        return 2;
+    if (!strcmp(kind, "die"))
+        raise(SIGKILL);                   /* mid-handshake: the request unanswered */
     uint8_t pd[MW__HELLO_LEN];
     struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                           .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
@@ -67,7 +72,8 @@ static int raw_server(const char *addr, const char *port, const char *kind)
 }
 
 /* A client that passes the handshake, then sends one fragment made bad as
- * @kind says, and waits to be killed. */
+ * @kind says, and waits to be killed; kind "die" SIGKILLs itself as soon as
+ * its connect request is on the wire. */
 static int raw_client(const char *addr, const char *port, const char *kind)
 {
     struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
@@ -83,6 +89,12 @@ static int raw_client(const char *addr, const char *port, const char *kind)
     mw__hello_encode(&h, pd, sizeof pd);
     struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
                                  .retry_count = 7, .rnr_retry_count = 7};
+    if (!strcmp(kind, "die")) {                   /* asynchronous: do not wait */
+        struct rdma_event_channel *ch = rdma_create_event_channel();
+        if (!ch || rdma_migrate_id(id, ch) || rdma_connect(id, &cp))
+            return 3;
+        raise(SIGKILL);
+    }
     if (rdma_connect(id, &cp))
         return 3;
     static uint8_t buf[256];
@@ -117,13 +129,25 @@ static pid_t spawn_client(const char *kind, int port)
     return pid;
 }
 
+/* A raw server, returned once it listens (it says so on its fd 3). */
 static pid_t spawn_server(const char *kind, int port)
 {
-    char ps[16];
+    char ps[16], ready;
     snprintf(ps, sizeof ps, "%d", port);
     char *argv[] = {self_path, "raw-server", (char *)addrs[1], ps, (char *)kind, NULL};
+    int p[2];
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 3);
     pid_t pid;
-    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    assert_int_equal(posix_spawn(&pid, self_path, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 10000), 1);
+    assert_int_equal(read(p[0], &ready, 1), 1);
+    close(p[0]);
     return pid;
 }
 
@@ -190,9 +214,9 @@ static void server_that_never_accepts(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     int port = next_port();
     pid_t pid = spawn_server("silent", port);
-    double t0 = now();
+    double t0 = now_s();
     mw_future_t *f = connect_child(ctx, port, 1000);
-    double t = now() - t0;
+    double t = now_s() - t0;
     printf("server never accepts: connect failed after %.2f s: %s\n", t, mw_future_message(f));
     assert_int_equal(mw_future_error(f), -ETIMEDOUT);
     assert_non_null(strstr(mw_future_message(f), addrs[1]));
@@ -237,20 +261,20 @@ static void peer_that_accepts_then_never_answers(void **state)
     mw_future_t *r = mw_recv(c), *s = mw_send(c, big, sizeof big);
     mw_future_set_timeout(r, 700);
     mw_future_set_timeout(s, 700);
-    double t0 = now();
+    double t0 = now_s();
     assert_int_equal(mw_wait(r), -ETIMEDOUT);
     assert_int_equal(mw_wait(s), -ETIMEDOUT);
-    double t = now() - t0;
+    double t = now_s() - t0;
     printf("mute peer: receive and 128 KiB send timed out after %.2f s\n", t);
     assert_true(t < 3);
     mw_future_unref(r);
     mw_future_unref(s);
     mw_future_t *cl = mw_conn_close(c);            /* work pending: bounded too */
-    t0 = now();
+    t0 = now_s();
     int rc = mw_wait(cl);
-    printf("mute peer: close finished after %.2f s: %s (%s)\n", now() - t0,
+    printf("mute peer: close finished after %.2f s: %s (%s)\n", now_s() - t0,
            rc ? mw_strerror(rc) : "ok", mw_future_message(cl));
-    assert_true(now() - t0 < 5);
+    assert_true(now_s() - t0 < 5);
     mw_future_unref(cl);
     stop(pid);
     context_still_serves(ctx);
@@ -271,6 +295,101 @@ static void keep_accepted(mw_listener_t *l, mw_conn_t *c, void *arg)
         a->c = c;
 }
 
+/* The server dies between the connect request and its answer. */
+static void server_killed_during_connect(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int port = next_port();
+    pid_t pid = spawn_server("die", port);
+    char target[80];
+    snprintf(target, sizeof target, "%s:%d", addrs[1], port);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.timeout_ms = 2000;
+    double t0 = now_s();
+    mw_future_t *f = mw_connect(ctx, target, &o);
+    int rc = mw_wait(f);
+    double t = now_s() - t0;
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    printf("server killed during connect: failed after %.2f s: %s (%s)\n", t, mw_strerror(rc),
+           mw_future_message(f));
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT);
+    assert_non_null(strstr(mw_future_message(f), addrs[1]));
+    assert_true(t < 5);
+    mw_future_unref(f);
+    /* the peer restarts on the same port: connecting works again */
+    pid = spawn_server("mute", port);
+    f = connect_child(ctx, port, 2000);
+    assert_int_equal(mw_future_error(f), 0);
+    mw_conn_abort(mw_future_value(f));
+    mw_future_unref(f);
+    stop(pid);
+    context_still_serves(ctx);
+    mw_ctx_free(ctx);
+}
+
+/* The client dies as soon as its connect request is sent: the listener's
+ * half-made connection fails in bounded time, is never handed over, and the
+ * listener goes on accepting. */
+static void client_killed_during_connect(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    char la[64];
+    int port = next_port();
+    snprintf(la, sizeof la, "%s:%d", addrs[1], port);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.timeout_ms = 1000;
+    struct accepted a = {0};
+    mw_listener_t *l;
+    assert_int_equal(mw_listen(ctx, la, &o, keep_accepted, &a, &l), 0);
+    mw_ctx_stats_t s0, s1;
+    mw_ctx_stats(ctx, &s0);
+    pid_t pid = spawn_client("die", port);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    double t0 = now_s();
+    mw_listener_stats_t ls = {0};
+    while (now_s() - t0 < 5 && !ls.failed && !ls.rejected && !a.c) {
+        loop_for(ctx, 20);
+        mw_listener_stats(l, &ls);
+    }
+    printf("client killed during connect: listener after %.2f s: accepted %llu, failed %llu, "
+           "rejected %llu\n", now_s() - t0, (unsigned long long)ls.accepted,
+           (unsigned long long)ls.failed, (unsigned long long)ls.rejected);
+    if (a.c) {                     /* it got as far as established: then it fails */
+        mw_future_t *r = mw_recv(a.c);
+        mw_future_set_timeout(r, 5000);
+        assert_true(mw_wait(r) < 0);
+        assert_int_not_equal(mw_future_error(r), -ETIMEDOUT);
+        mw_future_unref(r);
+        mw_conn_abort(a.c);
+        a.c = NULL;
+    } else {
+        assert_int_equal(ls.failed + ls.rejected, 1);
+    }
+    mw_ctx_stats(ctx, &s1);
+    assert_int_equal(s1.futures_live, s0.futures_live);
+    /* the same listener takes the next client */
+    mw_future_t *f = connect_child(ctx, port, 2000);
+    assert_int_equal(mw_future_error(f), 0);
+    mw_conn_abort(mw_future_value(f));
+    mw_future_unref(f);
+    for (int i = 0; i < 100 && !a.c; i++)
+        loop_for(ctx, 10);
+    assert_non_null(a.c);
+    mw_conn_abort(a.c);
+    mw_listener_free(l);
+    mw_ctx_free(ctx);
+}
+
 static void malformed_fragments_are_refused_and_counted(void **state)
 {
     (void)state;
@@ -287,9 +406,14 @@ static void malformed_fragments_are_refused_and_counted(void **state)
         mw_ctx_stats_t s0, s1;
         mw_ctx_stats(ctx, &s0);
         pid_t pid = spawn_client(kinds[k], port);
-        for (int i = 0; i < 1000 && !a.c; i++)
+        mw_listener_stats_t ls = {0};
+        for (int i = 0; i < 2000 && !a.c && !ls.failed && !ls.rejected; i++) {
             loop_for(ctx, 10);
-        assert_non_null(a.c);
+            mw_listener_stats(l, &ls);
+        }
+        if (!a.c)
+            fail_msg("raw client (%s) not accepted: listener failed %llu, rejected %llu", kinds[k],
+                     (unsigned long long)ls.failed, (unsigned long long)ls.rejected);
         mw_future_t *r = mw_recv(a.c);
         mw_future_set_timeout(r, 10000);
         int rc = mw_wait(r);
@@ -309,6 +433,8 @@ static void malformed_fragments_are_refused_and_counted(void **state)
 
 int main(int argc, char **argv)
 {
+    if (argc == 5)                 /* a raw peer: it goes when the test does */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (argc == 5 && !strcmp(argv[1], "raw-server"))
         return raw_server(argv[2], argv[3], argv[4]);
     if (argc == 5 && !strcmp(argv[1], "raw-client"))
@@ -321,6 +447,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_that_never_accepts),
         cmocka_unit_test(server_with_a_foreign_handshake),
         cmocka_unit_test(peer_that_accepts_then_never_answers),
+        cmocka_unit_test(server_killed_during_connect),
+        cmocka_unit_test(client_killed_during_connect),
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
