@@ -10,8 +10,13 @@ need_rdma
 KV=$(realpath "$1")
 IFS=, read -ra A <<<"${MW_ADDRS:?}"
 port=$((7700 + RANDOM % 500)) http=$((18000 + RANDOM % 1000))
-"$KV" backend "${A[-1]}:$port" 256 65536 & back=$!
-sleep 0.5
+log=$(mktemp)
+"$KV" backend "${A[-1]}:$port" 256 65536 2> >(tee "$log" >&2) & back=$!
+for _ in $(seq 100); do                    # until it listens (slow under sanitizers)
+    grep -q "kvserve backend:" "$log" && break
+    sleep 0.1
+done
+rm -f "$log"
 "$KV" front "${A[-1]}:$port" "$http" & front=$!
 trap 'kill $back $front 2>/dev/null' EXIT
 python3 - "$http" <<'PY'
