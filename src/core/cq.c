@@ -67,12 +67,12 @@ void mw__cq_handle(struct mw__cq *cq)
 {
     mw_ctx_t *ctx = cq->ctx;
     void *cq_context;
-    unsigned got = 0;
-    while (cq->drv->get_event(cq->chan, &cq_context) == 0)
-        got++;
-    if (got) {
+    /* One event per wake-up: the descriptor is level-triggered, so another
+     * pending event wakes us again, and reading until EAGAIN would cost a
+     * failing read(2) on every wake-up. */
+    if (cq->drv->get_event(cq->chan, &cq_context) == 0) {
         ctx->stats.events++;
-        cq->unacked += got;
+        cq->unacked++;
         cq->armed = false;            /* an event disarms the CQ */
     } else if (!cq->backlog) {
         return;                       /* spurious wake-up */

@@ -102,13 +102,11 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
     ctx->defer_tail = &ctx->defer_head;
     ctx->base = base;
     if (!base) {
-        /* a precise (CLOCK_MONOTONIC) clock, as mw_ctx_fd's timerfd uses */
-        struct event_config *cfg = event_config_new();
-        if (cfg)
-            event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
-        ctx->base = cfg ? event_base_new_with_config(cfg) : NULL;
-        if (cfg)
-            event_config_free(cfg);
+        /* Not EVENT_BASE_FLAG_PRECISE_TIMER: with it libevent's epoll
+         * backend re-arms a timerfd (a system call) on every loop turn whose
+         * earliest timer changed, i.e. on every receive; millisecond
+         * timeouts need no more than epoll_wait's own. */
+        ctx->base = event_base_new();
         if (!ctx->base)
             goto fail;
         ctx->own_base = true;

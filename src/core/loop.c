@@ -91,9 +91,16 @@ static void heap_pop(struct mw__loop *l)
         l->heap[i] = v;
 }
 
+/* libevent reads CLOCK_MONOTONIC_COARSE where that ticks at least every
+ * millisecond: a deadline is signalled that much later, so that libevent
+ * finds its timer due when the descriptor wakes the caller. */
+#define COARSE_SLACK_NS 1000000u
+
 static void arm_timerfd(struct mw__loop *l, uint64_t at_ns)
 {
     struct itimerspec its = {0};
+    if (at_ns > 1)
+        at_ns += COARSE_SLACK_NS;
     if (at_ns) {
         its.it_value.tv_sec = (time_t)(at_ns / 1000000000u);
         its.it_value.tv_nsec = (long)(at_ns % 1000000000u);

@@ -217,11 +217,13 @@ static void stray_and_forged_wr_ids_are_dropped(void **state)
     mw__op_put(fx->ctx, reused);
 }
 
-static void events_are_acked_in_one_batch(void **state)
+/* Several events queued on the channel before the loop gets to it: the
+ * first wake-up drains every completion, each event is read (one per
+ * wake-up, no failing read) and acknowledged, and nothing runs twice. */
+static void queued_events_are_each_read_and_acked(void **state)
 {
     struct fixture *fx = *state;
     struct mw__op *op = mw__op_get(fx->ctx, on_done, NULL, fx);
-    /* Several events queued on the channel before the loop gets to it. */
     for (int i = 0; i < 4; i++) {
         complete(&fx->fk, op->wr_id, IBV_WC_SUCCESS);
         fx->fk.armed = true;
@@ -230,9 +232,9 @@ static void events_are_acked_in_one_batch(void **state)
     assert_int_equal(fx->fk.events, 4);
     run_loop(fx);
     assert_int_equal(fx->done_calls, 4);
-    assert_int_equal(fx->fk.ack_calls, 1);
     assert_int_equal(fx->fk.acked, 4);
-    assert_int_equal(fx->ctx->stats.events, 1);
+    assert_int_equal(fx->fk.events, 0);
+    assert_int_equal(fx->ctx->stats.events, 4);
     mw__op_put(fx->ctx, op);
 }
 
@@ -323,7 +325,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(rearm_race_is_closed, setup, teardown),
         cmocka_unit_test_setup_teardown(error_completion_reaches_its_op, setup, teardown),
         cmocka_unit_test_setup_teardown(stray_and_forged_wr_ids_are_dropped, setup, teardown),
-        cmocka_unit_test_setup_teardown(events_are_acked_in_one_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(queued_events_are_each_read_and_acked, setup, teardown),
         cmocka_unit_test_setup_teardown(budget_yields_and_resumes_without_new_events,
                                         setup_small_budget, teardown),
         cmocka_unit_test_setup_teardown(completions_per_event_grow_with_bursts, setup, teardown),
