@@ -1,16 +1,26 @@
 /* mwbench: meshwire's own numbers, on the public API only.
  *
  *   mwbench write-bw ADDR [SIZE...]   one-sided write bandwidth over a loopback
- *                                      connection to ADDR (perftest's ib_write_bw
- *                                      in iteration mode is the anchor)
+ *                                      connection to ADDR, several writes in
+ *                                      flight (perftest's ib_write_bw in
+ *                                      iteration mode is the anchor)
+ *   mwbench lat ADDR [SIZE...]        send and write-with-immediate ping-pong
+ *                                      with an echo process: half the round
+ *                                      trip, median and p99, as perftest's
+ *                                      ib_send_lat / ib_write_lat report
  *   mwbench connect ADDR N            time to set up N connections at once
  *   mwbench idle ADDR N SECONDS       CPU used by N idle connections
- *   mwbench allreduce [-n RANKS ADDR] [BYTES...]
- *                                      f32 sum allreduce time per size; with -n
- *                                      it starts RANKS processes on ADDR, else
- *                                      it is one rank of a launcher's job
- *                                      (mw_comm_create_env); MW_ALLREDUCE_ALGO
- *                                      picks the algorithm
+ *   mwbench coll [-n RANKS ADDR] OP [BYTES...]
+ *                                      time and algorithm bandwidth of a
+ *                                      collective (allreduce allgather
+ *                                      broadcast reduce reduce_scatter gather
+ *                                      scatter alltoall barrier) per size, f32,
+ *                                      after the communicator's creation time;
+ *                                      with -n it starts RANKS processes on
+ *                                      ADDR, else it is one rank of a
+ *                                      launcher's job (mw_comm_create_env);
+ *                                      MW_ALLREDUCE_ALGO picks allreduce's
+ *                                      algorithm
  *
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
@@ -45,6 +55,14 @@ static void die(const char *what, int rc, mw_future_t *f)
     fprintf(stderr, "mwbench: %s: %s%s%s\n", what, mw_strerror(rc), f ? ": " : "",
             f ? mw_future_message(f) : "");
     exit(1);
+}
+
+static void wait_or_die(mw_future_t *f, const char *what)
+{
+    int rc = mw_wait(f);
+    if (rc)
+        die(what, rc, f);
+    mw_future_unref(f);
 }
 
 /* --- a loopback pair ------------------------------------------------------ */
@@ -247,54 +265,252 @@ static int connect_bench(const char *addr, int n, int idle_s)
     return 0;
 }
 
-/* --- allreduce ------------------------------------------------------------ */
+/* --- latency: send and write-with-immediate ping-pong ---------------------- */
 
-static void wait_or_die(mw_future_t *f, const char *what)
+#define LAT_MAX (64u << 10)
+
+struct echo {
+    mw_conn_t *c;
+    void *buf;
+    mw_remote_t peer;
+    mw_future_t *got;           /* client: the current ping's answer */
+};
+
+static void echo_imm(mw_conn_t *c, uint32_t imm, void *arg)
 {
-    int rc = mw_wait(f);
-    if (rc)
-        die(what, rc, f);
-    mw_future_unref(f);
+    struct echo *e = arg;
+    if (e->got) {                                    /* client: the pong */
+        mw_future_resolve(e->got, NULL);
+        return;
+    }
+    mw_future_unref(mw_write_imm(c, e->buf, imm, &e->peer, 0, imm));   /* server: pong */
 }
 
-/* One rank: for each size a warm-up, then enough iterations to move about
- * 64 MiB (10..2000), between barriers; rank 0 prints the mean. */
-static int allreduce_rank(int nsizes, char **sizes)
+/* Both ends: export a buffer, send its descriptor, take the peer's. */
+static void swap_remotes(mw_ctx_t *ctx, struct echo *e)
+{
+    e->buf = mw_alloc(ctx, LAT_MAX);
+    memset(e->buf, 1, LAT_MAX);
+    mw_remote_t mine;
+    if (mw_mem_export(e->c, e->buf, LAT_MAX, &mine))
+        die("export", -EFAULT, NULL);
+    mw_future_t *r = mw_recv(e->c);
+    wait_or_die(mw_send(e->c, &mine, sizeof mine), "send");
+    if (mw_wait(r))
+        die("recv", mw_future_error(r), r);
+    mw_msg_t *m = mw_future_value(r);
+    memcpy(&e->peer, m->data, sizeof e->peer);
+    mw_msg_free(m);
+    mw_future_unref(r);
+    mw_conn_on_imm(e->c, echo_imm, e);
+}
+
+/* The echo side: answer every message with one as long, every write with
+ * immediate with one as long, until the client hangs up. */
+static int lat_server(const char *target)
 {
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
+    mw_listener_t *l;
+    int rc = mw_listen(ctx, target, NULL, on_accept, NULL, &l);
+    if (rc)
+        die("listen", rc, NULL);
+    while (!naccepted)
+        run_for(ctx, 5);
+    struct echo e = {.c = accepted[0]};
+    swap_remotes(ctx, &e);
+    for (;;) {
+        mw_future_t *r = mw_recv(e.c);
+        if (mw_wait(r)) {
+            mw_future_unref(r);
+            break;
+        }
+        mw_msg_t *m = mw_future_value(r);
+        mw_future_unref(mw_send(e.c, e.buf, m->len));
+        mw_msg_free(m);
+        mw_future_unref(r);
+    }
+    mw_conn_abort(e.c);
+    mw_free(ctx, e.buf);
+    mw_listener_free(l);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Half the round trip, as perftest's _lat tools report, median and p99. */
+static void lat_report(const char *kind, size_t size, double *half, int iters, double cs)
+{
+    qsort(half, (size_t)iters, sizeof *half, cmp_double);
+    printf("%-10s %-8zu %6d %10.2f %10.2f %8.3f\n", kind, size, iters, half[iters / 2] * 1e6,
+           half[iters * 99 / 100] * 1e6, cs);
+}
+
+static int lat_client(const char *target, int nsizes, char **sizes)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    mw_future_t *f = NULL;
+    for (int i = 0; i < 200; i++) {            /* until the server listens */
+        mw_future_unref(f);
+        f = mw_connect(ctx, target, NULL);
+        if (mw_wait(f) != -ECONNREFUSED)
+            break;
+        run_for(ctx, 20);
+    }
+    if (mw_future_error(f))
+        die("connect", mw_future_error(f), f);
+    struct echo e = {.c = mw_future_value(f)};
+    mw_future_unref(f);
+    swap_remotes(ctx, &e);
+    enum { ITERS = 1000, WARMUP = 50 };
+    static double half[ITERS];
+    printf("%-10s %-8s %6s %10s %10s %8s\n", "kind", "bytes", "iters", "median_us", "p99_us",
+           "cpu_s");
+    for (int i = 0; i < nsizes; i++) {
+        size_t size = strtoul(sizes[i], NULL, 0);
+        if (!size || size > LAT_MAX)
+            die("sizes are 1..64 KiB", -EINVAL, NULL);
+        double c0 = cpu();
+        for (int k = -WARMUP; k < ITERS; k++) {
+            double t0 = now();
+            mw_future_t *r = mw_recv(e.c);
+            mw_future_unref(mw_send(e.c, e.buf, size));
+            if (mw_wait(r))
+                die("recv", mw_future_error(r), r);
+            mw_msg_free(mw_future_value(r));
+            mw_future_unref(r);
+            if (k >= 0)
+                half[k] = (now() - t0) / 2;
+        }
+        lat_report("send", size, half, ITERS, cpu() - c0);
+        c0 = cpu();
+        for (int k = -WARMUP; k < ITERS; k++) {
+            double t0 = now();
+            e.got = mw_future_new(ctx);
+            mw_future_unref(mw_write_imm(e.c, e.buf, size, &e.peer, 0, (uint32_t)size));
+            wait_or_die(e.got, "pong");
+            e.got = NULL;
+            if (k >= 0)
+                half[k] = (now() - t0) / 2;
+        }
+        lat_report("write-imm", size, half, ITERS, cpu() - c0);
+    }
+    mw_free(ctx, e.buf);
+    close_conn(e.c);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
+/* The echo side is a child process, forked before any RDMA resource. */
+static int lat_bench(const char *addr, int nsizes, char **sizes)
+{
+    static char *dflt[] = {"8", "64", "512", "4096", "65536"};
+    char target[160];
+    snprintf(target, sizeof target, "%s:%d", addr, 20000 + getpid() % 20000);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(lat_server(target));
+    int rc = nsizes ? lat_client(target, nsizes, sizes) : lat_client(target, 5, dflt);
+    int st;
+    waitpid(pid, &st, 0);
+    return rc || !WIFEXITED(st) || WEXITSTATUS(st);
+}
+
+/* --- collectives ---------------------------------------------------------- */
+
+static const char *const coll_ops[] = {"allreduce", "allgather", "broadcast", "reduce",
+                                       "reduce_scatter", "gather", "scatter", "alltoall",
+                                       "barrier"};
+#define NOPS (sizeof coll_ops / sizeof *coll_ops)
+
+/* Start collective @op on @count f32 elements of result (@in and @out hold
+ * that many; per-rank parts are count / nranks). */
+static mw_future_t *coll_start(mw_comm_t *comm, int op, float *in, float *out, size_t count)
+{
+    size_t part = count / (size_t)mw_comm_size(comm);
+    switch (op) {
+    case 0: return mw_allreduce(comm, in, out, count, MW_F32, MW_SUM);
+    case 1: return mw_allgather(comm, in, out, part, MW_F32);
+    case 2: return mw_broadcast(comm, out, count, MW_F32, 0);
+    case 3: return mw_reduce(comm, in, out, count, MW_F32, MW_SUM, 0);
+    case 4: return mw_reduce_scatter(comm, in, out, count, MW_F32, MW_SUM);
+    case 5: return mw_gather(comm, in, out, part, MW_F32, 0);
+    case 6: return mw_scatter(comm, in, out, part, MW_F32, 0);
+    case 7: return mw_alltoall(comm, in, out, part, MW_F32);
+    default: return mw_barrier(comm);
+    }
+}
+
+/* Whether @out is not what @op leaves there, every input 1.0 and every
+ * output 0 before (a sum is nranks, anything moved is 1.0). */
+static int coll_wrong(int op, const float *out, size_t count, int rank, int n)
+{
+    size_t part = count / (size_t)n;
+    switch (op) {
+    case 0: return out[0] != (float)n || out[count - 1] != (float)n;
+    case 3: return rank == 0 && (out[0] != (float)n || out[count - 1] != (float)n);
+    case 4: return out[0] != (float)n || out[part - 1] != (float)n;
+    case 5: return rank == 0 && (out[0] != 1.0f || out[count - 1] != 1.0f);
+    case 8: return 0;
+    default: return out[0] != 1.0f || out[(op == 6 ? part : count) - 1] != 1.0f;
+    }
+}
+
+/* One rank: the communicator's creation time, then for each size a warm-up
+ * and enough iterations to move about 32 MiB (5..500), between barriers;
+ * rank 0 prints the mean.  BYTES is the result buffer per rank (allgather,
+ * gather, alltoall: every rank's part together), f32. */
+static int coll_rank(int op, int nsizes, char **sizes)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    double t0 = now();
     mw_future_t *cf = mw_comm_create_env(ctx, NULL);
     if (mw_wait(cf))
         die("communicator", mw_future_error(cf), cf);
+    double created = now() - t0;
     mw_comm_t *comm = mw_future_value(cf);
     mw_future_unref(cf);
     int rank = mw_comm_rank(comm), n = mw_comm_size(comm);
-    const char *algo = getenv("MW_ALLREDUCE_ALGO");
+    const char *algo = op == 0 && getenv("MW_ALLREDUCE_ALGO") ? getenv("MW_ALLREDUCE_ALGO") : "mw";
     if (rank == 0)
-        printf("%-10s %6s %6s %8s %12s %12s %8s\n", "bytes", "ranks", "algo", "iters",
-               "time_us", "algbw_MiB/s", "cpu_s");
+        printf("communicator %d ranks  create_s %.3f\n%-16s %-10s %6s %6s %8s %12s %12s %8s\n", n,
+               created, "op", "bytes", "ranks", "algo", "iters", "time_us", "algbw_MiB/s",
+               "cpu_s");
     int bad = 0;
     for (int i = 0; i < nsizes; i++) {
-        size_t bytes = strtoul(sizes[i], NULL, 0), count = bytes / sizeof(float);
-        float *in = mw_alloc(ctx, count * sizeof *in + 4), *out = mw_alloc(ctx, count * sizeof *out + 4);
+        size_t count = strtoul(sizes[i], NULL, 0) / sizeof(float);
+        count -= count % (size_t)n;                  /* equal parts */
+        if (!count)
+            count = (size_t)n;
+        size_t bytes = count * sizeof(float);
+        float *in = mw_alloc(ctx, bytes), *out = mw_alloc(ctx, bytes);
         for (size_t k = 0; k < count; k++)
-            in[k] = 1.0f;
-        unsigned iters = bytes ? (unsigned)((64u << 20) / bytes) : 2000;
-        iters = iters < 10 ? 10 : iters > 2000 ? 2000 : iters;
-        wait_or_die(mw_allreduce(comm, in, out, count, MW_F32, MW_SUM), "allreduce");
+            in[k] = 1.0f, out[k] = op == 2 && rank == 0 ? 1.0f : 0.0f;
+        unsigned iters = (unsigned)((32u << 20) / bytes);
+        iters = iters < 5 ? 5 : iters > 500 ? 500 : iters;
+        wait_or_die(coll_start(comm, op, in, out, count), coll_ops[op]);
         wait_or_die(mw_barrier(comm), "barrier");
-        double t0 = now(), c0 = cpu();
+        double t1 = now(), c0 = cpu();
         for (unsigned k = 0; k < iters; k++)
-            wait_or_die(mw_allreduce(comm, in, out, count, MW_F32, MW_SUM), "allreduce");
-        double t = (now() - t0) / iters, cs = cpu() - c0;
-        bad += count && (out[0] != (float)n || out[count - 1] != (float)n);
+            wait_or_die(coll_start(comm, op, in, out, count), coll_ops[op]);
+        double t = (now() - t1) / iters, cs = cpu() - c0;
+        bad += coll_wrong(op, out, count, rank, n);
         wait_or_die(mw_barrier(comm), "barrier");
         if (rank == 0)
-            printf("%-10zu %6d %6s %8u %12.1f %12.1f %8.3f%s\n", bytes, n, algo ? algo : "auto",
-                   iters, t * 1e6, t > 0 ? bytes / t / (1 << 20) : 0, cs,
+            printf("%-16s %-10zu %6d %6s %8u %12.1f %12.1f %8.3f%s\n", coll_ops[op], bytes, n,
+                   algo, iters, t * 1e6, t > 0 ? bytes / t / (1 << 20) : 0, cs,
                    bad ? "  WRONG RESULT" : "");
         mw_free(ctx, in);
         mw_free(ctx, out);
+        if (op == 8)
+            break;                                   /* a barrier has no size */
     }
     mw_comm_free(comm);
     mw_ctx_free(ctx);
@@ -304,7 +520,7 @@ static int allreduce_rank(int nsizes, char **sizes)
 /* -n RANKS: this host runs the whole job, one process a rank (forked before
  * any RDMA resource exists), each finding its rank in the environment as
  * under a launcher. */
-static int allreduce_local(const char *addr, int nranks, int nsizes, char **sizes)
+static int coll_local(const char *addr, int nranks, int op, int nsizes, char **sizes)
 {
     char peers[160], port[16];
     snprintf(peers, sizeof peers, "%s slots=%d", addr, nranks);
@@ -317,7 +533,7 @@ static int allreduce_local(const char *addr, int nranks, int nsizes, char **size
         snprintf(rs, sizeof rs, "%d", r);
         if ((pids[r] = fork()) == 0) {
             setenv("MW_RANK", rs, 1);
-            _exit(allreduce_rank(nsizes, sizes));
+            _exit(coll_rank(op, nsizes, sizes));
         }
     }
     int bad = 0;
@@ -329,43 +545,49 @@ static int allreduce_local(const char *addr, int nranks, int nsizes, char **size
     return bad ? 1 : 0;
 }
 
-static int allreduce_bench(int argc, char **argv)
+static int coll_bench(int argc, char **argv)
 {
     static char *dflt[] = {"4", "64", "1024", "4096", "16384", "65536", "262144", "1048576",
-                           "4194304", "16777216"};
+                           "4194304", "16777216", "67108864"};
     int nranks = 0;
-    if (argc >= 2 && !strcmp(argv[0], "-n")) {
+    const char *addr = NULL;
+    if (argc >= 3 && !strcmp(argv[0], "-n")) {
         nranks = atoi(argv[1]);
-        argc -= 2, argv += 2;
+        addr = argv[2];
+        argc -= 3, argv += 3;
         if (nranks < 1 || nranks > 64)
             die("-n takes 1..64 ranks", -EINVAL, NULL);
     }
-    const char *addr = NULL;
-    if (nranks) {
-        if (argc < 1)
-            die("-n needs the address to run the ranks on", -EINVAL, NULL);
-        addr = *argv++;
-        argc--;
-    }
-    int nsizes = argc ? argc : 10;
+    int op = -1;
+    for (int i = 0; argc && i < (int)NOPS; i++)
+        if (!strcmp(argv[0], coll_ops[i]))
+            op = i;
+    if (op < 0)
+        die("coll needs an operation: allreduce allgather broadcast reduce reduce_scatter "
+            "gather scatter alltoall barrier", -EINVAL, NULL);
+    argc--, argv++;
+    int nsizes = argc ? argc : (int)(sizeof dflt / sizeof *dflt);
     char **sizes = argc ? argv : dflt;
-    return addr ? allreduce_local(addr, nranks, nsizes, sizes) : allreduce_rank(nsizes, sizes);
+    return addr ? coll_local(addr, nranks, op, nsizes, sizes) : coll_rank(op, nsizes, sizes);
 }
 
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "write-bw")) {
-        char *dflt[] = {"65536", "1048576", "8388608"};
-        return argc > 3 ? write_bw(argv[2], argc - 3, argv + 3) : write_bw(argv[2], 3, dflt);
+        char *dflt[] = {"4096", "65536", "1048576", "8388608"};
+        return argc > 3 ? write_bw(argv[2], argc - 3, argv + 3) : write_bw(argv[2], 4, dflt);
     }
     if (argc == 4 && !strcmp(argv[1], "connect"))
         return connect_bench(argv[2], atoi(argv[3]), 0);
     if (argc == 5 && !strcmp(argv[1], "idle"))
         return connect_bench(argv[2], atoi(argv[3]), atoi(argv[4]));
-    if (argc >= 2 && !strcmp(argv[1], "allreduce"))
-        return allreduce_bench(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "coll"))
+        return coll_bench(argc - 2, argv + 2);
+    if (argc >= 3 && !strcmp(argv[1], "lat"))
+        return lat_bench(argv[2], argc - 3, argv + 3);
     fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
-                    "       mwbench allreduce [-n RANKS ADDR] [BYTES...]\n");
+                    "       mwbench lat ADDR [SIZE...]\n"
+                    "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n");
     return 2;
 }
