@@ -290,8 +290,13 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
     struct mw_mr *h = calloc(1, sizeof *h);
     if (!h)
         return -ENOMEM;
-    struct ureg *u = ureg_of(mw__rindex_find(&m->user_ix, start, end));
-    if (u) {
+    /* Memory from mw_alloc is registered for as long as it lives: a handle
+     * with nothing behind it.  (Collectives mw_reg their buffers on every
+     * call; registering arena memory again cost two ioctls and page pinning
+     * per collective.) */
+    struct ureg *u = NULL;
+    if (mw__rindex_find(&m->arena_ix, start, end) ||
+        (u = ureg_of(mw__rindex_find(&m->user_ix, start, end)))) {
         ctx->stats.reg_cache_hits++;
     } else {
         int rc = ureg_new(m, start, end, &u);
@@ -300,7 +305,8 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
             return rc;
         }
     }
-    u->refs++;
+    if (u)
+        u->refs++;
     *h = (struct mw_mr){.mem = m, .reg = u, .addr = addr, .len = len};
     mw__list_add_tail(&m->handles, &h->link);
     *mrp = h;
@@ -314,5 +320,5 @@ int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr)
     struct ureg *u = mr->reg;
     mw__list_del(&mr->link);
     free(mr);
-    return ureg_put(ctx->mem, u);
+    return u ? ureg_put(ctx->mem, u) : 0;
 }
