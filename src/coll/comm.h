@@ -14,7 +14,8 @@ struct mw__run;
 /* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
  * slots round robin; RC delivers a connection's writes in order, so the
  * n-th chunk written is in slot n % slots at both ends, and an ack (a
- * zero-length write with immediate) frees the oldest slot. */
+ * zero-length write with immediate carrying a count) frees the oldest
+ * slots. */
 struct mw__peer {
     struct mw_comm *comm;
     int rank;
@@ -24,6 +25,7 @@ struct mw__peer {
     uint64_t sent, acked;         /* chunks written to it / acks it returned */
     uint64_t written;             /* of those, writes completed (in order: RC) */
     uint64_t arrived, consumed;   /* chunks it wrote to me / I have taken */
+    uint32_t unacked;             /* of those taken, not yet acked to it */
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
     bool ready;

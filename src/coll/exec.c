@@ -2,7 +2,9 @@
  * schedule (coll/sched.h) step by step.  A step's data moves in chunks of at
  * most one scratch slot, by RDMA WRITE WITH IMMEDIATE into the peer's
  * scratch; the peer applies each chunk (copy or reduce into its result) and
- * acks it with a zero-length write with immediate, which frees the slot.
+ * acks it with a zero-length write with immediate, which frees the slot;
+ * acks are batched (one per half the slots taken), for each is a post and
+ * a completion at both ends.
  * The immediate carries the collective's sequence number and a signature of
  * (kind, type, op, count, root, step): a rank running something else is
  * caught on its first chunk instead of corrupting anyone's data. */
@@ -18,9 +20,9 @@
 #include "coll/sched.h"
 #include "core/ctx.h"
 
-/* Immediates with bit 31 set are control, not data: an ack frees a slot;
- * an abort says the sender broke the communicator and why (bits 24..29)
- * because of which rank (bits 0..23). */
+/* Immediates with bit 31 set are control, not data: an ack frees as many
+ * slots as its bits 0..23 say; an abort says the sender broke the
+ * communicator and why (bits 24..29) because of which rank (bits 0..23). */
 #define IMM_ACK (1u << 31)
 #define IMM_ABORT (1u << 30)
 #define IMM_RANK_MASK 0xffffffu
@@ -165,10 +167,17 @@ static void post_sends(struct mw__run *k)
     }
 }
 
-static void send_ack(struct mw__peer *p)
+/* Ack what was taken from @p once half its slots are: then the sender has
+ * always at least half its slots free, so a chunk this rank waits for can
+ * always be sent (everything before it was taken, and under half of that
+ * is unacked). */
+static void ack_taken(struct mw__peer *p)
 {
-    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK);
+    if (p->unacked < (p->comm->opts.slots + 1) / 2)
+        return;
+    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK | p->unacked);
     mw_future_unref(f);           /* a failure fails the connection, and the watch sees it */
+    p->unacked = 0;
 }
 
 /* Apply what has arrived from this step's peer; false on a mismatch. */
@@ -194,9 +203,10 @@ static bool take_receives(struct mw__run *k)
         else if (n)
             memcpy(to, from, n * k->esz);
         p->consumed++;
+        p->unacked++;
         k->r_done++;
-        send_ack(p);
     }
+    ack_taken(p);
     return true;
 }
 
@@ -314,7 +324,7 @@ void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
         on_abort(p, imm);
         return;
     } else if (imm & IMM_ACK) {
-        p->acked++;
+        p->acked += imm & IMM_RANK_MASK;
     } else if (p->arrived - p->consumed >= comm->opts.slots) {
         mw__comm_abort(comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
                        "rank %d overran its scratch slots", p->rank);
