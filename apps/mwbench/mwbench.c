@@ -25,6 +25,7 @@
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,15 @@ static double cpu(void)
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* User time only: on soft-RoCE the kernel's send engine runs in the
+ * posting thread and its work is system time. */
+static double cpu_user(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
 }
 
 static void die(const char *what, int rc, mw_future_t *f)
@@ -153,6 +163,40 @@ static void post_write(struct wstate *w)
     mw_future_unref(f);
 }
 
+/* How long the loop can be kept from its timers: a 1 ms timer re-armed
+ * while the writes run, and its worst lateness (rxe runs its send engine
+ * inside ibv_post_send, so what one loop turn posts is time the loop is
+ * not looking at anything else). */
+struct stall_probe {
+    mw_ctx_t *ctx;
+    double due, worst;
+    bool on, armed;
+};
+
+static void probe_arm(struct stall_probe *p);
+
+static void probe_fired(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct stall_probe *p = arg;
+    double late = now() - p->due;
+    if (late > p->worst)
+        p->worst = late;
+    p->armed = false;
+    if (p->on)
+        probe_arm(p);
+}
+
+static void probe_arm(struct stall_probe *p)
+{
+    mw_future_t *t = mw_future_new(p->ctx);
+    p->due = now() + 0.001;
+    p->armed = true;
+    mw_future_set_timeout(t, 1);
+    mw_future_then(t, probe_fired, p);
+    mw_future_unref(t);
+}
+
 static int write_bw(const char *addr, int nsizes, char **sizes)
 {
     mw_ctx_t *ctx;
@@ -168,8 +212,9 @@ static int write_bw(const char *addr, int nsizes, char **sizes)
     struct wstate w = {.c = c, .src = src};
     if (mw_mem_export(accepted[0], dst, max, &w.r))
         die("export", -EFAULT, NULL);
-    printf("%-10s %8s %10s %10s %12s %10s\n", "bytes", "iters", "MiB/s", "cpu_s", "cpu_s/GiB",
-           "wc/event");
+    printf("%-10s %8s %10s %10s %12s %10s %12s %13s\n", "bytes", "iters", "MiB/s", "cpu_s",
+           "cpu_s/GiB", "wc/event", "user_s/GiB", "max_stall_ms");
+    struct stall_probe probe = {.ctx = ctx};
     for (int i = 0; i < nsizes; i++) {
         w.size = strtoul(sizes[i], NULL, 0);
         if (!w.size || w.size > max)
@@ -181,18 +226,24 @@ static int write_bw(const char *addr, int nsizes, char **sizes)
         mw_ctx_stats(ctx, &s0);
         w.left = iters;
         w.done = mw_future_new(ctx);
-        double t0 = now(), c0 = cpu();
+        double t0 = now(), c0 = cpu(), u0 = cpu_user();
+        probe.on = true;
+        probe.worst = 0;
+        probe_arm(&probe);
         for (unsigned k = 0; k < window && w.left; k++)
             post_write(&w);
         mw_wait(w.done);
-        double t = now() - t0, cs = cpu() - c0;
+        double t = now() - t0, cs = cpu() - c0, us = cpu_user() - u0;
+        probe.on = false;
+        while (probe.armed)
+            run_for(ctx, 1);
         mw_ctx_stats(ctx, &s1);
         mw_future_unref(w.done);
         double bytes = (double)w.size * iters;
-        printf("%-10zu %8u %10.1f %10.3f %12.3f %10.1f%s\n", w.size, iters,
+        printf("%-10zu %8u %10.1f %10.3f %12.3f %10.1f %12.3f %13.1f%s\n", w.size, iters,
                bytes / t / (1 << 20), cs, cs / (bytes / (1 << 30)),
                (double)(s1.completions - s0.completions) / (double)(s1.events - s0.events + !(s1.events - s0.events)),
-               w.failed ? "  FAILED" : "");
+               us / (bytes / (1 << 30)), probe.worst * 1e3, w.failed ? "  FAILED" : "");
     }
     mw_free(ctx, src);
     mw_free(ctx, dst);
