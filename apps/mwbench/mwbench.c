@@ -177,16 +177,18 @@ static void probe_arm(struct stall_probe *p);
 
 static void probe_fired(mw_future_t *f, void *arg)
 {
-    (void)f;
     struct stall_probe *p = arg;
     double late = now() - p->due;
     if (late > p->worst)
         p->worst = late;
+    mw_future_unref(f);           /* the reference probe_arm kept */
     p->armed = false;
     if (p->on)
         probe_arm(p);
 }
 
+/* A future that can only time out; its reference is kept until it fires
+ * (the last unref of a pending future drops it, callbacks and all). */
 static void probe_arm(struct stall_probe *p)
 {
     mw_future_t *t = mw_future_new(p->ctx);
@@ -194,7 +196,6 @@ static void probe_arm(struct stall_probe *p)
     p->armed = true;
     mw_future_set_timeout(t, 1);
     mw_future_then(t, probe_fired, p);
-    mw_future_unref(t);
 }
 
 static int write_bw(const char *addr, int nsizes, char **sizes)
