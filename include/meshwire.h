@@ -178,7 +178,9 @@ typedef mw_future_t *(*mw_chain_fn)(mw_future_t *f, void *arg);
 MW_EXTERN mw_future_t *mw_future_new(mw_ctx_t *ctx);
 
 /** mw_future_ref() / mw_future_unref() - take / drop a reference; the last
- *  unref frees it.  Unref of NULL does nothing. */
+ *  unref frees it.  Unref of NULL does nothing.  Like free(), dropping a
+ *  reference one does not hold is the caller's bug: the future may already
+ *  be gone, or be someone else's, and cannot be checked. */
 MW_EXTERN mw_future_t *mw_future_ref(mw_future_t *f);
 MW_EXTERN void mw_future_unref(mw_future_t *f);
 
@@ -493,7 +495,9 @@ MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
  * Collectives.  Each returns a future, done when this rank's part is
  * complete and its output buffer holds the result.  Buffers stay the
  * caller's; they need not be registered (they are, through mw_reg's cache,
- * while the collective runs) and must not change until the future completes.
+ * while the collective runs: free for memory from mw_alloc, a registration
+ * per call for other memory, so use mw_alloc for buffers used often) and
+ * must not change until the future completes.
  * @count is in elements.  Several collectives may be in flight on one
  * communicator; they run in the order issued, and every rank must issue the
  * same sequence (a rank that calls a different collective, count, type or
