@@ -153,6 +153,8 @@ struct mw_conn {
     unsigned rdma_out;            /* chunks in flight */
     unsigned wr_out;              /* work requests posted, not completed */
     struct event *pump_ev;        /* zero timer: post more next turn */
+    uint64_t budget_turn;         /* ctx->cq_turns when turn_bytes was reset */
+    uint64_t turn_bytes;          /* RDMA bytes posted this turn */
     struct event *probe_ev;       /* keepalive while receives wait */
     struct mw__op *probe_op;      /* the probe in flight, if any */
     struct mw__export *exports;   /* memory windows bound for the peer */
@@ -202,7 +204,13 @@ void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev);
 
 /* msg.c / rdma.c: the data path */
 void mw__conn_pump(mw_conn_t *c);            /* post what credits allow */
-int mw__rdma_pump(mw_conn_t *c, int budget); /* returns work requests posted */
+/* Post queued RDMA chunks, at most @budget work requests and about
+ * MW__POST_BYTES_PER_TURN bytes a loop turn (rxe runs its send engine
+ * inside ibv_post_send: what one turn posts is time the loop is blind);
+ * returns the work requests posted, @deferred set when bytes ran out. */
+#define MW__POST_BYTES_PER_TURN (1u << 20)
+int mw__rdma_pump(mw_conn_t *c, int budget, bool *deferred);
+void mw__rdma_new_turn(mw_conn_t *c);  /* a loop turn of its own: budget anew */
 void mw__msg_fail_all(mw_conn_t *c, int err, const char *why);
 void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why);
 void mw__rdma_drop_all(mw_conn_t *c);        /* at free: the QP is gone */

@@ -459,6 +459,7 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
+    mw__rdma_new_turn(arg);
     mw__conn_pump(arg);
 }
 
@@ -467,9 +468,10 @@ void mw__conn_pump(mw_conn_t *c)
     if (c->state != MW__CONN_ESTABLISHED && c->state != MW__CONN_CLOSING)
         return;
     int budget = POSTS_PER_TURN;
+    bool deferred = false;
     budget -= pump_msgs(c, budget);
-    budget -= mw__rdma_pump(c, budget);
-    if (budget <= 0) {       /* more may be waiting: continue next turn */
+    budget -= mw__rdma_pump(c, budget, &deferred);
+    if (budget <= 0 || deferred) {   /* more may be waiting: continue next turn */
         if (!c->pump_ev)
             c->pump_ev = evtimer_new(c->ctx->base, on_pump, c);
         if (c->pump_ev)

@@ -132,6 +132,7 @@ static int post_chunk(mw_conn_t *c, struct mw__rdma *r)
     if (last && r->with_imm)
         c->send_credits--;
     r->posted += n;
+    c->turn_bytes += n;
     r->chunks_out++;
     c->rdma_out++;
     c->wr_out++;
@@ -139,12 +140,25 @@ static int post_chunk(mw_conn_t *c, struct mw__rdma *r)
     return 0;
 }
 
+void mw__rdma_new_turn(mw_conn_t *c)
+{
+    c->budget_turn = c->ctx->cq_turns;
+    c->turn_bytes = 0;
+}
+
+static bool turn_bytes_spent(mw_conn_t *c)
+{
+    if (c->budget_turn != c->ctx->cq_turns)
+        mw__rdma_new_turn(c);
+    return c->turn_bytes >= MW__POST_BYTES_PER_TURN;
+}
+
 static bool all_posted(const mw_conn_t *c, const struct mw__rdma *r)
 {
     return r->done + r->chunks_out == chunks_in(c, r);
 }
 
-int mw__rdma_pump(mw_conn_t *c, int budget)
+int mw__rdma_pump(mw_conn_t *c, int budget, bool *deferred)
 {
     int posted = 0;
     for (struct mw__list *l = c->rdmas.next; l != &c->rdmas && posted < budget; l = l->next) {
@@ -154,6 +168,10 @@ int mw__rdma_pump(mw_conn_t *c, int budget)
             bool last = r->len - r->posted <= chunk_of(c);
             if (last && r->with_imm && c->send_credits <= 1)
                 return posted;          /* the immediate waits for a credit */
+            if (turn_bytes_spent(c)) {
+                *deferred = true;       /* the rest next turn */
+                return posted;
+            }
             int rc = post_chunk(c, r);
             if (rc < 0) {
                 mw__conn_fail(c, rc, "posting an RDMA operation failed");

@@ -66,6 +66,7 @@ static bool drain(struct mw__cq *cq, unsigned *budget)
 void mw__cq_handle(struct mw__cq *cq)
 {
     mw_ctx_t *ctx = cq->ctx;
+    ctx->cq_turns++;
     void *cq_context;
     /* One event per wake-up: the descriptor is level-triggered, so another
      * pending event wakes us again, and reading until EAGAIN would cost a

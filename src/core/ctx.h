@@ -44,6 +44,7 @@ struct mw_ctx {
     struct event *defer_ev;
     struct mw__task *defer_head, **defer_tail;
     uint64_t defer_pass;          /* tasks queued now run in this pass */
+    uint64_t cq_turns;            /* completion-queue passes: per-turn budgets reset */
     int in_callback;              /* > 0 while running tasks: mw_wait refuses */
 
     struct mw__list futures;      /* every live future (pending ones fail at free) */
