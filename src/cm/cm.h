@@ -157,7 +157,7 @@ struct mw_conn {
     uint64_t turn_bytes;          /* RDMA bytes posted this turn */
     struct event *probe_ev;       /* keepalive while receives wait */
     struct mw__op *probe_op;      /* the probe in flight, if any */
-    struct mw__export *exports;   /* memory windows bound for the peer */
+    struct mw__export *exports;   /* remote-access registrations, mw_mem_export */
     uint64_t rx_activity, rx_seen_at_probe;
     mw_future_t *close_f;
     bool owner_gone;              /* closed/aborted: free once flushed */
@@ -191,9 +191,9 @@ void mw__conn_free(mw_conn_t *c);
 void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c));
 void mw__conn_disarm_timer(mw_conn_t *c);
 void mw__conn_maybe_finish(mw_conn_t *c);
-void mw__conn_drop_attempt(mw_conn_t *c);
-/* rdma.c: the memory windows of mw_mem_export go with the QP */
-void mw__rdma_drop_exports(mw_conn_t *c);    /* active: forget a failed try */
+void mw__conn_drop_attempt(mw_conn_t *c);    /* active: forget a failed try */
+/* rdma.c: the registrations of mw_mem_export go with the QP */
+void mw__rdma_drop_exports(mw_conn_t *c);
 void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev);
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
 

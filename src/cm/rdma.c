@@ -32,8 +32,8 @@ int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out)
         return -EINVAL;
     if (!c->dev || c->dev->removed)
         return -ENOTCONN;
-    void *local;
-    int rc = mw__mem_handle(c->ctx, c->dev, addr, len, &local);
+    uint32_t lkey, rkey;
+    int rc = mw__mem_keys(c->ctx, c->dev, addr, len, &lkey, &rkey);
     if (rc < 0)
         return rc;                /* not registered memory: -EFAULT */
     struct mw__export *e = calloc(1, sizeof *e);

@@ -157,9 +157,8 @@ void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
         mw__registrar_remove_dev(&ctx->mem->rg, dev);
 }
 
-/* The region holding [addr, addr+len) registered with @dev. */
-static int find_region(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                       size_t len, const struct mw__region **out)
+int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                 size_t len, uint32_t *lkey, uint32_t *rkey)
 {
     uintptr_t start = (uintptr_t)addr, end;
     if (!len || __builtin_add_overflow(start, len, &end))
@@ -172,30 +171,9 @@ static int find_region(const mw_ctx_t *ctx, const struct mw__dev *dev, const voi
         r = mw__rindex_find(&m->user_ix, start, end);
     if (!r)
         return -EFAULT;
-    *out = r;
+    *lkey = r->keys[dev->index].lkey;
+    *rkey = r->keys[dev->index].rkey;
     return 0;
-}
-
-int mw__mem_handle(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                   size_t len, void **handle)
-{
-    const struct mw__region *r;
-    int rc = find_region(ctx, dev, addr, len, &r);
-    if (rc == 0 && !(*handle = r->keys[dev->index].handle))
-        rc = -EFAULT;
-    return rc;
-}
-
-int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                 size_t len, uint32_t *lkey, uint32_t *rkey)
-{
-    const struct mw__region *r;
-    int rc = find_region(ctx, dev, addr, len, &r);
-    if (rc == 0) {
-        *lkey = r->keys[dev->index].lkey;
-        *rkey = r->keys[dev->index].rkey;
-    }
-    return rc;
 }
 
 /* ------------------------------------------------------------------------

@@ -40,10 +40,6 @@ int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
  * from it. */
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 
-/* mw__mem_handle() - the backend's registration (an ibv_mr) of @dev holding
- * [addr, addr+len); 0 or -EINVAL, -ENODEV, -EFAULT as mw__mem_keys. */
-int mw__mem_handle(const mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                   size_t len, void **handle);
 /* mw__mem_keys() - keys of @dev for [addr, addr+len), which must lie inside
  * one region.  Return 0, or -EFAULT when the range is not registered. */
 int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev,
