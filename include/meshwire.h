@@ -4,6 +4,16 @@
  * Every function returns 0 or a negative errno unless its comment says
  * otherwise; mw_strerror() names the error.  Unless stated, functions are to
  * be called from the thread that runs the context's event loop.
+ *
+ * Handles.  Futures, connections, listeners and communicators are handles,
+ * not addresses.  Once released (a future's last unref, mw_conn_close or
+ * mw_conn_abort, mw_listener_free, mw_comm_free, or the context's teardown
+ * for what it owns) a handle is refused by every call with -ESTALE
+ * (functions returning a pointer: NULL with errno ESTALE) and an error in
+ * the log, even after its memory has been reused: a handle value is never
+ * issued twice.  A handle of another kind gets -EINVAL; a call from a
+ * thread other than the loop's gets -EPERM.  The context itself is a plain
+ * pointer: mw_ctx_free() it once.
  */
 #ifndef MESHWIRE_H
 #define MESHWIRE_H
@@ -178,11 +188,14 @@ typedef mw_future_t *(*mw_chain_fn)(mw_future_t *f, void *arg);
 MW_EXTERN mw_future_t *mw_future_new(mw_ctx_t *ctx);
 
 /** mw_future_ref() / mw_future_unref() - take / drop a reference; the last
- *  unref frees it.  Unref of NULL does nothing.  Like free(), dropping a
- *  reference one does not hold is the caller's bug: the future may already
- *  be gone, or be someone else's, and cannot be checked. */
+ *  unref frees it.  Unref of NULL does nothing (0).  Unref of a future
+ *  already freed returns -ESTALE (a double unref is refused).  One unref too
+ *  many while others still hold references frees it early: meshwire cannot
+ *  tell whose reference it was, so the other holders' later calls (the
+ *  operation's completion among them) get -ESTALE.  ref returns @f, or NULL
+ *  (errno) for a handle it refuses. */
 MW_EXTERN mw_future_t *mw_future_ref(mw_future_t *f);
-MW_EXTERN void mw_future_unref(mw_future_t *f);
+MW_EXTERN int mw_future_unref(mw_future_t *f);
 
 /** mw_future_resolve() - complete @f with @value (not owned by the future).
  *  Return: 0, or -EALREADY when @f was already complete. */
@@ -193,7 +206,9 @@ MW_EXTERN int mw_future_resolve(mw_future_t *f, void *value);
 MW_EXTERN int mw_future_fail(mw_future_t *f, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/** State, error (0 unless failed), message ("" unless failed), value. */
+/** State, error (0 unless failed), message ("" unless failed), value.  On a
+ *  refused handle: state and error return the refusal (-ESTALE...), the
+ *  message describes it, value is NULL with errno set. */
 MW_EXTERN int mw_future_state(const mw_future_t *f);
 MW_EXTERN int mw_future_error(const mw_future_t *f);
 MW_EXTERN const char *mw_future_message(const mw_future_t *f);
@@ -262,7 +277,9 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * ------------------------------------------------------------------------
  * A connection is a handle the caller owns once it has it (from the future
  * of mw_connect(), or the accept callback) until mw_conn_close() or
- * mw_conn_abort().  Every operation on it returns a future.  For each peer
+ * mw_conn_abort(); after either, every call on it is refused (-ESTALE).
+ * Every operation on it returns a future (NULL, errno set, for a refused
+ * handle).  For each peer
  * address the local address whose subnet contains it (longest prefix) is
  * chosen as the source, so in a direct-connect mesh each peer is reached
  * through the NIC on the link to it; with no match the routing table
@@ -320,10 +337,11 @@ typedef struct mw_listener_stats {
     uint64_t rejected;        /**< handshakes refused (any reason) */
     uint64_t failed;          /**< accepted handshakes whose setup then failed */
 } mw_listener_stats_t;
-MW_EXTERN void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out);
+MW_EXTERN int mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out);
 
-/** mw_listener_free() - stop listening; connections already handed over stay. */
-MW_EXTERN void mw_listener_free(mw_listener_t *l);
+/** mw_listener_free() - stop listening; connections already handed over
+ *  stay.  Return: 0 (also for NULL), or -ESTALE when already freed. */
+MW_EXTERN int mw_listener_free(mw_listener_t *l);
 
 /**
  * mw_connect() - connect to a peer offering one or more addresses
@@ -388,16 +406,19 @@ MW_EXTERN mw_future_t *mw_write_imm(mw_conn_t *c, const void *local, size_t len,
 
 /** Called on the loop for each write-with-immediate that lands. */
 typedef void (*mw_imm_fn)(mw_conn_t *c, uint32_t imm, void *arg);
-MW_EXTERN void mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg);
+MW_EXTERN int mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg);
 
 /** mw_conn_close() - graceful: no new operations; those pending finish,
  *  then the connection is torn down and freed.  The future is done when it
- *  is gone (or fails with what went wrong); @c must not be used after. */
+ *  is gone (or fails with what went wrong).  @c is released at once: later
+ *  calls on it are refused, and no immediate is delivered for it again.
+ *  NULL (errno) for a refused handle, closed twice included. */
 MW_EXTERN mw_future_t *mw_conn_close(mw_conn_t *c);
 
 /** mw_conn_abort() - abortive: pending operations fail with -ECONNABORTED,
- *  the connection is torn down and freed; @c must not be used after. */
-MW_EXTERN void mw_conn_abort(mw_conn_t *c);
+ *  the connection is torn down and freed; @c is released at once.
+ *  Return: 0, or the refusal of @c (-ESTALE when already closed). */
+MW_EXTERN int mw_conn_abort(mw_conn_t *c);
 
 /** What a connection is and has done. */
 typedef struct mw_conn_stats {
@@ -408,7 +429,7 @@ typedef struct mw_conn_stats {
     uint64_t writes, reads, imms_received, rdma_bytes;
     uint64_t credit_waits;    /**< times a send waited for the peer's credits */
 } mw_conn_stats_t;
-MW_EXTERN void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
+MW_EXTERN int mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 
 /* ------------------------------------------------------------------------
  * Collectives over a communicator
@@ -486,8 +507,9 @@ MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
  */
 MW_EXTERN mw_future_t *mw_comm_create_env(mw_ctx_t *ctx, const mw_comm_opts_t *opts);
 
-/** mw_comm_free() - close the mesh; pending collectives fail -ECANCELED. */
-MW_EXTERN void mw_comm_free(mw_comm_t *comm);
+/** mw_comm_free() - close the mesh; pending collectives fail -ECANCELED.
+ *  Return: 0 (also for NULL), or -ESTALE when already freed. */
+MW_EXTERN int mw_comm_free(mw_comm_t *comm);
 MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);
 MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
 

@@ -22,7 +22,7 @@ static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
     struct mw__dev *dev = mw__dev_find(ctx, verbs);
     const char *name = dev ? dev->name : ibv_get_device_name(verbs->device);
     for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
-        mw_conn_t *c = mw__container_of(i, mw_conn_t, link);
+        struct mw__conn *c = mw__container_of(i, struct mw__conn, link);
         if (!c->id || c->id->verbs != verbs)
             continue;
         mw__conn_fail(c, -ENODEV, "RDMA device %s removed", name);
@@ -30,7 +30,7 @@ static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
         mw__conn_maybe_finish(c);
     }
     for (struct mw__list *i = cm->listeners.next; i != &cm->listeners; i = i->next) {
-        mw_listener_t *l = mw__container_of(i, mw_listener_t, link);
+        struct mw__listener *l = mw__container_of(i, struct mw__listener, link);
         if (!l->id || l->id->verbs != verbs)
             continue;
         MW_LOG(ctx, MW_LOG_ERROR, "a listener lost its RDMA device %s: it accepts no more", name);
@@ -68,7 +68,7 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
     MW_LOG(ctx, MW_LOG_DEBUG, "rdma_cm: %s (status %d)", rdma_event_str(ev->event), ev->status);
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
         /* the new id carries the listener's context until we adopt it */
-        mw__listener_event((mw_listener_t *)ev->listen_id->context, ev);
+        mw__listener_event((struct mw__listener *)ev->listen_id->context, ev);
         return;
     }
     if (ev->event == RDMA_CM_EVENT_ADDR_CHANGE || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
@@ -80,11 +80,11 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
     if (!kind)
         return;
     if (*kind == MW__CM_LISTENER)
-        mw__listener_event((mw_listener_t *)kind, ev);
-    else if (((mw_conn_t *)kind)->listener || ((mw_conn_t *)kind)->state == MW__CONN_ACCEPTING)
-        mw__accepted_event((mw_conn_t *)kind, ev);
+        mw__listener_event((struct mw__listener *)kind, ev);
+    else if (((struct mw__conn *)kind)->listener || ((struct mw__conn *)kind)->state == MW__CONN_ACCEPTING)
+        mw__accepted_event((struct mw__conn *)kind, ev);
     else
-        mw__connect_event((mw_conn_t *)kind, ev);
+        mw__connect_event((struct mw__conn *)kind, ev);
 }
 
 static void on_cm_readable(evutil_socket_t fd, short what, void *arg)
@@ -106,12 +106,12 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
 {
     struct mw__cm *cm = state;
     while (!mw__list_empty(&cm->conns)) {
-        mw_conn_t *c = mw__container_of(cm->conns.next, mw_conn_t, link);
+        struct mw__conn *c = mw__container_of(cm->conns.next, struct mw__conn, link);
         mw__conn_fail(c, -ECANCELED, "context closed");
         mw__conn_free(c);
     }
     while (!mw__list_empty(&cm->listeners))
-        mw_listener_free(mw__container_of(cm->listeners.next, mw_listener_t, link));
+        mw__listener_free(mw__container_of(cm->listeners.next, struct mw__listener, link));
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
     mw__unwatch_fd(ctx, cm->ch->fd);

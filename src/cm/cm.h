@@ -51,8 +51,9 @@ enum mw__conn_state {
 };
 const char *mw__conn_state_str(enum mw__conn_state s);
 
-struct mw_listener {
+struct mw__listener {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
+    uint64_t h;                   /* the handle the caller holds */
     mw_ctx_t *ctx;
     struct rdma_cm_id *id;
     mw_conn_opts_t opts;
@@ -104,8 +105,9 @@ struct mw__waiter {               /* an mw_recv waiting for a message */
     mw_future_t *f;
 };
 
-struct mw_conn {
+struct mw__conn {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
+    uint64_t h;                   /* the caller's handle; 0 once closed */
     mw_ctx_t *ctx;
     struct mw__list link;         /* in cm->conns */
     struct rdma_cm_id *id;
@@ -113,7 +115,7 @@ struct mw_conn {
     enum mw__conn_state state;
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
-    void (*timer_fn)(struct mw_conn *c);
+    void (*timer_fn)(struct mw__conn *c);
     int err;                      /* why it broke (0 while healthy) */
     char why[160];
 
@@ -126,7 +128,7 @@ struct mw_conn {
                                      a refusal wins, then a timeout */
 
     /* passive side */
-    mw_listener_t *listener;
+    struct mw__listener *listener;
 
     /* the peer's handshake: its receive slots are our send credits */
     struct mw__hello peer;
@@ -178,44 +180,52 @@ void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n);
 void mw__cm_nics_changed(struct mw__cm *cm);
 
 /* conn.c */
-int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp);
+/* mw__conn_of() / mw__listener_of() - the object behind a caller's handle,
+ * for public call @fn, or NULL with *@err: -EINVAL (NULL, another kind),
+ * -ESTALE (closed, aborted or freed), -EPERM (off the loop thread). */
+struct mw__conn *mw__conn_of(const mw_conn_t *h, const char *fn, int *err);
+struct mw__listener *mw__listener_of(const mw_listener_t *h, const char *fn, int *err);
+mw_conn_t *mw__conn_handle(const struct mw__conn *c);
+/* listen.c: stop listening and free (teardown, mw_listener_free) */
+void mw__listener_free(struct mw__listener *l);
+int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp);
 /* device, QP, buffers, receives; on failure @why says what ran out */
-int mw__conn_setup_qp(mw_conn_t *c, char *why, size_t cap);
-void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
-int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why);
-void mw__conn_established(mw_conn_t *c);
-void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
+int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
+int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
+void mw__conn_established(struct mw__conn *c);
+void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what);
-void mw__conn_free(mw_conn_t *c);
-void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c));
-void mw__conn_disarm_timer(mw_conn_t *c);
-void mw__conn_maybe_finish(mw_conn_t *c);
-void mw__conn_drop_attempt(mw_conn_t *c);    /* active: forget a failed try */
+void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what);
+void mw__conn_free(struct mw__conn *c);
+void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c));
+void mw__conn_disarm_timer(struct mw__conn *c);
+void mw__conn_maybe_finish(struct mw__conn *c);
+void mw__conn_drop_attempt(struct mw__conn *c);    /* active: forget a failed try */
 /* rdma.c: the registrations of mw_mem_export go with the QP */
-void mw__rdma_drop_exports(mw_conn_t *c);
-void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev);
+void mw__rdma_drop_exports(struct mw__conn *c);
+void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
 
 /* connect.c / listen.c: rdma_cm events for each kind */
-void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev);
-void mw__listener_event(mw_listener_t *l, struct rdma_cm_event *ev);
-void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev);
+void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev);
+void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev);
+void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev);
 
 /* msg.c / rdma.c: the data path */
-void mw__conn_pump(mw_conn_t *c);            /* post what credits allow */
+void mw__conn_pump(struct mw__conn *c);            /* post what credits allow */
 /* Post queued RDMA chunks, at most @budget work requests and about
  * MW__POST_BYTES_PER_TURN bytes a loop turn (rxe runs its send engine
  * inside ibv_post_send: what one turn posts is time the loop is blind);
  * returns the work requests posted, @deferred set when bytes ran out. */
 #define MW__POST_BYTES_PER_TURN (1u << 20)
-int mw__rdma_pump(mw_conn_t *c, int budget, bool *deferred);
-void mw__rdma_new_turn(mw_conn_t *c);  /* a loop turn of its own: budget anew */
-void mw__msg_fail_all(mw_conn_t *c, int err, const char *why);
-void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why);
-void mw__rdma_drop_all(mw_conn_t *c);        /* at free: the QP is gone */
-int mw__msg_post_recvs(mw_conn_t *c);
-void mw__msg_free_buffers(mw_conn_t *c);
-void mw__probe_arm(mw_conn_t *c);            /* keepalive: see msg.c */
+int mw__rdma_pump(struct mw__conn *c, int budget, bool *deferred);
+void mw__rdma_new_turn(struct mw__conn *c);  /* a loop turn of its own: budget anew */
+void mw__msg_fail_all(struct mw__conn *c, int err, const char *why);
+void mw__rdma_fail_all(struct mw__conn *c, int err, const char *why);
+void mw__rdma_drop_all(struct mw__conn *c);        /* at free: the QP is gone */
+int mw__msg_post_recvs(struct mw__conn *c);
+void mw__msg_free_buffers(struct mw__conn *c);
+void mw__probe_arm(struct mw__conn *c);            /* keepalive: see msg.c */
 
 #endif

@@ -14,6 +14,7 @@
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
+#include "core/handle.h"
 #include "core/op.h"
 
 static const char *const state_names[] = {
@@ -56,10 +57,10 @@ static int check_opts(const mw_conn_opts_t *o)
 
 static void finish_task(struct mw__task *t)
 {
-    mw__conn_free(mw__container_of(t, mw_conn_t, finish_task));
+    mw__conn_free(mw__container_of(t, struct mw__conn, finish_task));
 }
 
-int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp)
+int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp)
 {
     mw_conn_opts_t o;
     if (opts)
@@ -72,9 +73,13 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp)
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
-    mw_conn_t *c = calloc(1, sizeof *c);
+    struct mw__conn *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
+    if (!(c->h = mw__handle_new(MW__H_CONN, c))) {
+        free(c);
+        return -ENOMEM;
+    }
     c->kind = MW__CM_CONN;
     c->ctx = ctx;
     c->opts = o;
@@ -90,7 +95,7 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, mw_conn_t **cp)
 
 /* --- queue pair and buffers ---------------------------------------------- */
 
-static int create_qp(mw_conn_t *c, char *why, size_t cap)
+static int create_qp(struct mw__conn *c, char *why, size_t cap)
 {
     struct mw__dev *dev = c->dev;
     unsigned send_wr = c->opts.credits + c->opts.max_rdma_inflight + 1;
@@ -123,7 +128,7 @@ static int create_qp(mw_conn_t *c, char *why, size_t cap)
     return rc;
 }
 
-int mw__conn_setup_qp(mw_conn_t *c, char *why, size_t cap)
+int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
 {
     int rc = mw__dev_get(c->ctx, c->id->verbs, &c->dev);
     if (rc < 0) {
@@ -152,7 +157,7 @@ int mw__conn_setup_qp(mw_conn_t *c, char *why, size_t cap)
  * until rdma_connect/rdma_accept returns).  Retries are finite: rnr_retry 7
  * would mean forever (credits should make RNR impossible; if it happens,
  * fail rather than hang). */
-void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {
     struct mw__hello h = {
         .magic = MW__HELLO_MAGIC,
@@ -169,7 +174,7 @@ void mw__conn_param(const mw_conn_t *c, uint8_t pd[MW__HELLO_LEN], struct rdma_c
     };
 }
 
-int mw__conn_take_peer_hello(mw_conn_t *c, const void *pd, size_t len, const char **why)
+int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why)
 {
     int rc = mw__hello_decode(pd, len, &c->peer, why);
     if (rc < 0)
@@ -189,11 +194,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    mw_conn_t *c = arg;
+    struct mw__conn *c = arg;
     c->timer_fn(c);
 }
 
-void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c))
+void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c))
 {
     if (!c->timer && !(c->timer = evtimer_new(c->ctx->base, on_timer, c)))
         return;                       /* out of memory: the step has no deadline */
@@ -202,7 +207,7 @@ void mw__conn_arm_timer(mw_conn_t *c, void (*fn)(mw_conn_t *c))
     mw__ev_add(c->ctx, c->timer, &tv);
 }
 
-void mw__conn_disarm_timer(mw_conn_t *c)
+void mw__conn_disarm_timer(struct mw__conn *c)
 {
     if (c->timer)
         evtimer_del(c->timer);
@@ -210,7 +215,7 @@ void mw__conn_disarm_timer(mw_conn_t *c)
 
 /* --- established, broken, closed ----------------------------------------- */
 
-static int alloc_send_slots(mw_conn_t *c)
+static int alloc_send_slots(struct mw__conn *c)
 {
     size_t slot = c->max_frag + MW__FRAG_HDR_LEN;
     c->send_mem = mw_alloc(c->ctx, c->nsend * slot);
@@ -222,7 +227,7 @@ static int alloc_send_slots(mw_conn_t *c)
     return 0;
 }
 
-void mw__conn_established(mw_conn_t *c)
+void mw__conn_established(struct mw__conn *c)
 {
     mw__conn_disarm_timer(c);
     int rc = alloc_send_slots(c);
@@ -237,7 +242,7 @@ void mw__conn_established(mw_conn_t *c)
 }
 
 /* Fail everything pending on @c with @err and a message naming the peer. */
-static void fail_pending(mw_conn_t *c, int err)
+static void fail_pending(struct mw__conn *c, int err)
 {
     char why[256];
     snprintf(why, sizeof why, "%s: %s", c->stats.remote[0] ? c->stats.remote : "peer", c->why);
@@ -250,7 +255,7 @@ static void fail_pending(mw_conn_t *c, int err)
     }
 }
 
-static void disconnect(mw_conn_t *c)
+static void disconnect(struct mw__conn *c)
 {
     if (c->disconnected || !c->id)
         return;
@@ -260,7 +265,7 @@ static void disconnect(mw_conn_t *c)
     rdma_disconnect(c->id);
 }
 
-void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
+void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
 {
     if (c->state == MW__CONN_FREED)
         return;
@@ -287,7 +292,7 @@ void mw__conn_fail(mw_conn_t *c, int err, const char *fmt, ...)
     mw__conn_maybe_finish(c);
 }
 
-void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what)
+void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what)
 {
     /* The rdma_cm event and the completions travel apart: completions of
      * what the peer delivered before it left may still sit in the CQ.  Take
@@ -308,7 +313,7 @@ void mw__conn_on_disconnected(mw_conn_t *c, int err, const char *what)
     mw__conn_fail(c, err, "%s", what);
 }
 
-void mw__conn_maybe_finish(mw_conn_t *c)
+void mw__conn_maybe_finish(struct mw__conn *c)
 {
     if (c->state == MW__CONN_CLOSING && mw__list_empty(&c->sends) && mw__list_empty(&c->rdmas)) {
         c->state = MW__CONN_DISCONNECTING;
@@ -318,11 +323,21 @@ void mw__conn_maybe_finish(mw_conn_t *c)
         mw__defer(c->ctx, &c->finish_task);
 }
 
-void mw__conn_free(mw_conn_t *c)
+/* The caller is done with @c (closed, aborted) or never got it: its handle
+ * stops matching, and no callback names it again. */
+static void forget_handle(struct mw__conn *c)
+{
+    mw__handle_release(c->h);
+    c->h = 0;
+    c->imm_fn = NULL;
+}
+
+void mw__conn_free(struct mw__conn *c)
 {
     if (c->state == MW__CONN_FREED)
         return;
     c->state = MW__CONN_FREED;
+    forget_handle(c);
     mw__defer_cancel(c->ctx, &c->finish_task);
     mw__list_del(&c->link);
     if (c->timer)
@@ -352,19 +367,41 @@ void mw__conn_free(mw_conn_t *c)
     free(c);
 }
 
-static void on_close_timeout(mw_conn_t *c)
+static void on_close_timeout(struct mw__conn *c)
 {
     mw__conn_fail(c, -ETIMEDOUT, "close timed out after %u ms with work pending", c->opts.timeout_ms);
 }
 
-mw_future_t *mw_conn_close(mw_conn_t *c)
+struct mw__conn *mw__conn_of(const mw_conn_t *h, const char *fn, int *err)
 {
-    if (!c || c->owner_gone)
+    struct mw__conn *c = mw__handle_get(MW__HANDLE(h), MW__H_CONN, fn, err);
+    if (c && !mw__on_loop_thread(c->ctx)) {
+        MW_LOG(c->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
+               "connection's loop", fn);
+        *err = -EPERM;
         return NULL;
+    }
+    return c;
+}
+
+mw_conn_t *mw__conn_handle(const struct mw__conn *c)
+{
+    return MW__HANDLE_PTR(mw_conn_t, c->h);
+}
+
+mw_future_t *mw_conn_close(mw_conn_t *h)
+{
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c) {
+        errno = -err;
+        return NULL;
+    }
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
     c->owner_gone = true;
+    forget_handle(c);
     c->close_f = mw_future_ref(f);
     if (c->state == MW__CONN_ESTABLISHED) {
         c->state = MW__CONN_CLOSING;
@@ -376,34 +413,44 @@ mw_future_t *mw_conn_close(mw_conn_t *c)
     return f;
 }
 
-void mw_conn_abort(mw_conn_t *c)
+int mw_conn_abort(mw_conn_t *h)
 {
-    if (!c || c->owner_gone)
-        return;
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c)
+        return err;
     c->owner_gone = true;
+    forget_handle(c);
     mw__conn_fail(c, -ECONNABORTED, "aborted");
+    return 0;
 }
 
-void mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg)
+int mw_conn_on_imm(mw_conn_t *h, mw_imm_fn fn, void *arg)
 {
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
     if (!c)
-        return;
+        return err;
     c->imm_fn = fn;
     c->imm_arg = arg;
+    return 0;
 }
 
-void mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out)
+int mw_conn_stats(const mw_conn_t *h, mw_conn_stats_t *out)
 {
-    if (c && out)
-        *out = c->stats;
-    else if (out)
-        *out = (mw_conn_stats_t){0};
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (out)
+        *out = c ? c->stats : (mw_conn_stats_t){0};
+    if (!c)
+        return err;
+    return out ? 0 : -EINVAL;
 }
 
 /* The QP and buffers of a failed attempt go now (nothing posted on a QP
  * that never connected will complete once it is destroyed); the id goes
  * after the current rdma_cm event is acked. */
-void mw__conn_drop_attempt(mw_conn_t *c)
+void mw__conn_drop_attempt(struct mw__conn *c)
 {
     if (!c->id)
         return;
@@ -422,7 +469,7 @@ void mw__conn_drop_attempt(mw_conn_t *c)
 }
 
 /* Events an established (or closing) connection gets, on either side. */
-void mw__conn_common_event(mw_conn_t *c, struct rdma_cm_event *ev)
+void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     switch (ev->event) {
     case RDMA_CM_EVENT_DISCONNECTED:

@@ -11,10 +11,10 @@
 #include "cm/nic.h"
 #include "core/future.h"
 
-static void try_next(mw_conn_t *c);
+static void try_next(struct mw__conn *c);
 
 /* Record why this address failed and go on to the next. */
-static void attempt_failed(mw_conn_t *c, int err, const char *fmt, const char *detail)
+static void attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail)
 {
     if (c->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !c->attempt_err))
         c->attempt_err = err;
@@ -29,14 +29,14 @@ static void attempt_failed(mw_conn_t *c, int err, const char *fmt, const char *d
     try_next(c);
 }
 
-static void on_step_timeout(mw_conn_t *c)
+static void on_step_timeout(struct mw__conn *c)
 {
     char what[64];
     snprintf(what, sizeof what, "%s", mw__conn_state_str(c->state));
     attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
 }
 
-static int pick_source(mw_conn_t *c, const struct sockaddr *peer, struct sockaddr_storage *src)
+static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct sockaddr_storage *src)
 {
     const struct mw__nic *nics;
     size_t n;
@@ -57,7 +57,7 @@ static int pick_source(mw_conn_t *c, const struct sockaddr *peer, struct sockadd
     return i;
 }
 
-static void try_next(mw_conn_t *c)
+static void try_next(struct mw__conn *c)
 {
     if (c->next_peer >= c->npeers) {
         c->owner_gone = true;          /* nobody will ever hold it */
@@ -90,7 +90,7 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
         mw_future_fail(f, -EINVAL, "connect: no address given");
         return f;
     }
-    mw_conn_t *c;
+    struct mw__conn *c;
     int rc = mw__conn_new(ctx, opts, &c);
     if (rc < 0) {
         mw_future_fail(f, rc, "connect to %s: %s", addrs ? addrs : "(null)",
@@ -115,7 +115,7 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
     return f;
 }
 
-static void on_route_resolved(mw_conn_t *c)
+static void on_route_resolved(struct mw__conn *c)
 {
     char why[160];
     int rc = mw__conn_setup_qp(c, why, sizeof why);
@@ -132,7 +132,7 @@ static void on_route_resolved(mw_conn_t *c)
         attempt_failed(c, -EHOSTUNREACH, "rdma_connect: %s", mw_strerror(-errno));
 }
 
-static void on_established(mw_conn_t *c, struct rdma_cm_event *ev)
+static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     const char *why = "";
     if (mw__conn_take_peer_hello(c, ev->param.conn.private_data,
@@ -146,7 +146,7 @@ static void on_established(mw_conn_t *c, struct rdma_cm_event *ev)
         return;
     mw_future_t *f = c->connect_f;
     c->connect_f = NULL;
-    mw_future_resolve(f, c);           /* the caller owns c from here */
+    mw_future_resolve(f, mw__conn_handle(c)); /* the caller owns c from here */
     mw_future_unref(f);
 }
 
@@ -168,7 +168,7 @@ static const char *reject_reason(struct rdma_cm_event *ev, char *buf, size_t cap
     return buf;
 }
 
-void mw__connect_event(mw_conn_t *c, struct rdma_cm_event *ev)
+void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     char buf[96];
     switch (ev->event) {

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 
 #include "cm/cm.h"
+#include "core/handle.h"
 #include "cm/nic.h"
 
 /* "", "*", ":PORT", "*:PORT" listen on every address; else an address. */
@@ -48,10 +49,14 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
-    mw_listener_t *l = calloc(1, sizeof *l);
+    struct mw__listener *l = calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
-    *l = (mw_listener_t){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
+    *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
+    if (!(l->h = mw__handle_new(MW__H_LISTENER, l))) {
+        free(l);
+        return -ENOMEM;
+    }
     if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
         rdma_bind_addr(l->id, (struct sockaddr *)&sa) < 0 || rdma_listen(l->id, 128) < 0) {
         rc = errno ? -errno : -EIO;
@@ -60,46 +65,77 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
                mw__addr_str((struct sockaddr *)&sa, a, sizeof a), mw_strerror(rc));
         if (l->id)
             rdma_destroy_id(l->id);
+        mw__handle_release(l->h);
         free(l);
         return rc;
     }
     mw__list_add_tail(&cm->listeners, &l->link);
-    *lp = l;
+    *lp = MW__HANDLE_PTR(mw_listener_t, l->h);
     return 0;
 }
 
-int mw_listener_port(const mw_listener_t *l)
+struct mw__listener *mw__listener_of(const mw_listener_t *h, const char *fn, int *err)
 {
+    struct mw__listener *l = mw__handle_get(MW__HANDLE(h), MW__H_LISTENER, fn, err);
+    if (l && !mw__on_loop_thread(l->ctx)) {
+        MW_LOG(l->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
+               "listener's loop", fn);
+        *err = -EPERM;
+        return NULL;
+    }
+    return l;
+}
+
+int mw_listener_port(const mw_listener_t *h)
+{
+    int err;
+    struct mw__listener *l = mw__listener_of(h, __func__, &err);
     if (!l)
-        return -EINVAL;
+        return err;
     return l->id ? ntohs(rdma_get_src_port(l->id)) : -ENODEV;   /* its device went */
 }
 
-void mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out)
+int mw_listener_stats(const mw_listener_t *h, mw_listener_stats_t *out)
 {
+    int err;
+    struct mw__listener *l = mw__listener_of(h, __func__, &err);
     if (out)
         *out = l ? l->stats : (mw_listener_stats_t){0};
+    if (!l)
+        return err;
+    return out ? 0 : -EINVAL;
 }
 
-void mw_listener_free(mw_listener_t *l)
+void mw__listener_free(struct mw__listener *l)
 {
-    if (!l)
-        return;
     struct mw__cm *cm = l->ctx->layers[MW__LAYER_CM].state;
     /* connections still being accepted lose their listener: they are
      * aborted when their setup finishes */
     for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
-        mw_conn_t *c = mw__container_of(i, mw_conn_t, link);
+        struct mw__conn *c = mw__container_of(i, struct mw__conn, link);
         if (c->listener == l)
             c->listener = NULL;
     }
     mw__list_del(&l->link);
     if (l->id)
         rdma_destroy_id(l->id);
+    mw__handle_release(l->h);
     free(l);
 }
 
-static void send_reject(mw_listener_t *l, struct rdma_cm_id *id, const char *why)
+int mw_listener_free(mw_listener_t *h)
+{
+    int err;
+    if (!h)
+        return 0;
+    struct mw__listener *l = mw__listener_of(h, __func__, &err);
+    if (!l)
+        return err;
+    mw__listener_free(l);
+    return 0;
+}
+
+static void send_reject(struct mw__listener *l, struct rdma_cm_id *id, const char *why)
 {
     char pd[56];
     int n = snprintf(pd, sizeof pd, MW__REJECT_TAG "%s", why);
@@ -111,12 +147,12 @@ static void send_reject(mw_listener_t *l, struct rdma_cm_id *id, const char *why
            mw__addr_str(rdma_get_peer_addr(id), a, sizeof a), why);
 }
 
-static void on_accept_timeout(mw_conn_t *c)
+static void on_accept_timeout(struct mw__conn *c)
 {
     mw__conn_fail(c, -ETIMEDOUT, "accepting timed out after %u ms", c->opts.timeout_ms);
 }
 
-static int accept_request(mw_listener_t *l, mw_conn_t *c, struct rdma_cm_event *ev,
+static int accept_request(struct mw__listener *l, struct mw__conn *c, struct rdma_cm_event *ev,
                           const char **why, char *buf, size_t cap)
 {
     int rc;
@@ -137,9 +173,9 @@ static int accept_request(mw_listener_t *l, mw_conn_t *c, struct rdma_cm_event *
     return 0;
 }
 
-static void on_connect_request(mw_listener_t *l, struct rdma_cm_event *ev)
+static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
 {
-    mw_conn_t *c;
+    struct mw__conn *c;
     const char *why = "out of memory";
     int rc = mw__conn_new(l->ctx, &l->opts, &c);
     if (rc < 0) {
@@ -166,19 +202,19 @@ static void on_connect_request(mw_listener_t *l, struct rdma_cm_event *ev)
     }
 }
 
-void mw__listener_event(mw_listener_t *l, struct rdma_cm_event *ev)
+void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev)
 {
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
         on_connect_request(l, ev);
 }
 
-void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev)
+void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     if (c->state != MW__CONN_ACCEPTING) {
         mw__conn_common_event(c, ev);
         return;
     }
-    mw_listener_t *l = c->listener;
+    struct mw__listener *l = c->listener;
     if (ev->event != RDMA_CM_EVENT_ESTABLISHED || !l) {
         if (l)
             l->stats.failed++;
@@ -193,5 +229,5 @@ void mw__accepted_event(mw_conn_t *c, struct rdma_cm_event *ev)
     c->listener = NULL;
     c->owner_gone = false;
     l->stats.accepted++;
-    l->cb(l, c, l->arg);
+    l->cb(MW__HANDLE_PTR(mw_listener_t, l->h), mw__conn_handle(c), l->arg);
 }

@@ -21,7 +21,7 @@
 
 /* --- receive slots ------------------------------------------------------- */
 
-static int post_recv(mw_conn_t *c, unsigned i)
+static int post_recv(struct mw__conn *c, unsigned i)
 {
     struct mw__recv_slot *s = &c->slots[i];
     struct ibv_sge sge = {.addr = (uintptr_t)s->buf, .length = c->opts.slot_size};
@@ -39,7 +39,7 @@ static int post_recv(mw_conn_t *c, unsigned i)
 
 static void on_recv(struct mw__op *op, const struct ibv_wc *wc);
 
-int mw__msg_post_recvs(mw_conn_t *c)
+int mw__msg_post_recvs(struct mw__conn *c)
 {
     unsigned n = c->opts.credits;
     c->recv_mem = mw_alloc(c->ctx, (size_t)n * c->opts.slot_size);
@@ -59,7 +59,7 @@ int mw__msg_post_recvs(mw_conn_t *c)
     return 0;
 }
 
-void mw__msg_free_buffers(mw_conn_t *c)
+void mw__msg_free_buffers(struct mw__conn *c)
 {
     while (!mw__list_empty(&c->sends)) {   /* nothing posted comes back now */
         struct mw__send *s = mw__container_of(c->sends.next, struct mw__send, link);
@@ -98,7 +98,7 @@ void mw__msg_free_buffers(mw_conn_t *c)
 
 /* A slot is reposted (a credit owed) unless the inbox is full: then it is
  * parked, and the peer runs out of credits -- that is the flow control. */
-static void recycle_slot(mw_conn_t *c, unsigned i)
+static void recycle_slot(struct mw__conn *c, unsigned i)
 {
     if (c->state != MW__CONN_ESTABLISHED && c->state != MW__CONN_CLOSING)
         return;
@@ -113,7 +113,7 @@ static void recycle_slot(mw_conn_t *c, unsigned i)
         c->credits_owed++;
 }
 
-static void unpark_slots(mw_conn_t *c)
+static void unpark_slots(struct mw__conn *c)
 {
     for (unsigned i = 0; c->slots_parked && i < c->opts.credits; i++)
         if (!c->slots[i].posted) {
@@ -132,7 +132,7 @@ void mw_msg_free(mw_msg_t *m)
     }
 }
 
-static void deliver(mw_conn_t *c, void *data, size_t len)
+static void deliver(struct mw__conn *c, void *data, size_t len)
 {
     c->stats.msgs_received++;
     c->stats.bytes_received += len;
@@ -164,7 +164,7 @@ static void deliver(mw_conn_t *c, void *data, size_t len)
 }
 
 /* Reassemble fragment @fr (payload @p) into the message in progress. */
-static int take_data(mw_conn_t *c, const struct mw__frag *fr, const uint8_t *p)
+static int take_data(struct mw__conn *c, const struct mw__frag *fr, const uint8_t *p)
 {
     if (fr->flags & MW__FRAG_FIRST) {
         if (c->rx.active)
@@ -189,7 +189,7 @@ static int take_data(mw_conn_t *c, const struct mw__frag *fr, const uint8_t *p)
     return 0;
 }
 
-static int take_frag(mw_conn_t *c, const uint8_t *buf, size_t len)
+static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len)
 {
     struct mw__frag fr;
     const char *why = "";
@@ -214,7 +214,7 @@ static int take_frag(mw_conn_t *c, const uint8_t *buf, size_t len)
 
 static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
 {
-    mw_conn_t *c = op->owner;
+    struct mw__conn *c = op->owner;
     unsigned i = (unsigned)op->u64[0];
     c->wr_out--;
     c->slots[i].posted = false;
@@ -230,8 +230,8 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         c->stats.imms_received++;
         recycle_slot(c, i);
         if (c->imm_fn)
-            c->imm_fn(c, ntohl(wc->imm_data), c->imm_arg);
-        else
+            c->imm_fn(mw__conn_handle(c), ntohl(wc->imm_data), c->imm_arg);
+        else if (!c->owner_gone)          /* after close nobody listens */
             MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
                    c->stats.remote, ntohl(wc->imm_data));
     } else if (take_frag(c, c->slots[i].buf, wc->byte_len) == 0) {
@@ -242,10 +242,14 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
     mw__conn_maybe_finish(c);
 }
 
-mw_future_t *mw_recv(mw_conn_t *c)
+mw_future_t *mw_recv(mw_conn_t *h)
 {
-    if (!c)
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c) {
+        errno = -err;
         return NULL;
+    }
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
@@ -286,13 +290,13 @@ mw_future_t *mw_recv(mw_conn_t *c)
 
 static void on_send_done(struct mw__op *op, const struct ibv_wc *wc);
 
-static uint8_t *send_slot(mw_conn_t *c, unsigned i)
+static uint8_t *send_slot(struct mw__conn *c, unsigned i)
 {
     return c->send_mem + (size_t)i * (c->max_frag + MW__FRAG_HDR_LEN);
 }
 
 /* Post one fragment: @s may be NULL for a credit-only fragment. */
-static int post_frag(mw_conn_t *c, struct mw__send *s, struct mw__frag *fr)
+static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr)
 {
     unsigned slot = c->free_send[--c->nfree_send];
     struct mw__op *op = mw__op_get(c->ctx, on_send_done, NULL, c);
@@ -324,7 +328,7 @@ static int post_frag(mw_conn_t *c, struct mw__send *s, struct mw__frag *fr)
     return rc;
 }
 
-static struct mw__send *next_unposted(mw_conn_t *c)
+static struct mw__send *next_unposted(struct mw__conn *c)
 {
     for (struct mw__list *l = c->sends.next; l != &c->sends; l = l->next) {
         struct mw__send *s = mw__container_of(l, struct mw__send, link);
@@ -337,7 +341,7 @@ static struct mw__send *next_unposted(mw_conn_t *c)
 /* Post data fragments while credits last (keeping the last one for credit
  * returns), then a credit-only fragment if much is owed.  Returns the
  * number of work requests posted. */
-static int pump_msgs(mw_conn_t *c, int budget)
+static int pump_msgs(struct mw__conn *c, int budget)
 {
     int posted = 0;
     struct mw__send *s;
@@ -373,7 +377,7 @@ static int pump_msgs(mw_conn_t *c, int budget)
 
 static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
 {
-    mw_conn_t *c = op->owner;
+    struct mw__conn *c = op->owner;
     struct mw__send *s = (struct mw__send *)(uintptr_t)op->u64[1];
     c->free_send[c->nfree_send++] = (unsigned)op->u64[0];
     c->wr_out--;
@@ -399,7 +403,7 @@ static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
 
 /* Fail what is pending; records with fragments still posted stay until
  * those come back (flushed), so the completions never touch freed memory. */
-void mw__msg_fail_all(mw_conn_t *c, int err, const char *why)
+void mw__msg_fail_all(struct mw__conn *c, int err, const char *why)
 {
     struct mw__list *l = c->sends.next;
     while (l != &c->sends) {
@@ -422,17 +426,21 @@ void mw__msg_fail_all(mw_conn_t *c, int err, const char *why)
     }
 }
 
-static int refuse(mw_conn_t *c)
+static int refuse(struct mw__conn *c)
 {
     if (c->err)
         return c->err;
     return c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
 }
 
-mw_future_t *mw_send(mw_conn_t *c, const void *buf, size_t len)
+mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
 {
-    if (!c)
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c) {
+        errno = -err;
         return NULL;
+    }
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
@@ -463,7 +471,7 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
     mw__conn_pump(arg);
 }
 
-void mw__conn_pump(mw_conn_t *c)
+void mw__conn_pump(struct mw__conn *c)
 {
     if (c->state != MW__CONN_ESTABLISHED && c->state != MW__CONN_CLOSING)
         return;
@@ -490,7 +498,7 @@ void mw__conn_pump(mw_conn_t *c)
  * sends nothing and wakes nobody. */
 static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
 {
-    mw_conn_t *c = op->owner;
+    struct mw__conn *c = op->owner;
     c->wr_out--;
     c->probe_op = NULL;
     mw__op_put(c->ctx, op);
@@ -502,7 +510,7 @@ static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
     mw__conn_maybe_finish(c);
 }
 
-static void send_probe(mw_conn_t *c)
+static void send_probe(struct mw__conn *c)
 {
     struct mw__op *op = mw__op_get(c->ctx, on_probe_done, NULL, c);
     if (!op)
@@ -521,7 +529,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    mw_conn_t *c = arg;
+    struct mw__conn *c = arg;
     if (c->state != MW__CONN_ESTABLISHED || mw__list_empty(&c->recv_waiters) || c->probe_op)
         return;
     if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
@@ -532,7 +540,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     send_probe(c);
 }
 
-void mw__probe_arm(mw_conn_t *c)
+void mw__probe_arm(struct mw__conn *c)
 {
     if (mw__list_empty(&c->recv_waiters) || c->state != MW__CONN_ESTABLISHED)
         return;

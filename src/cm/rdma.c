@@ -26,9 +26,13 @@ struct mw__export {
     struct ibv_mr *mr;
 };
 
-int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out)
+int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
 {
-    if (!c || !addr || !len || !out)
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c)
+        return err;
+    if (!addr || !len || !out)
         return -EINVAL;
     if (!c->dev || c->dev->removed)
         return -ENOTCONN;
@@ -54,7 +58,7 @@ int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out)
     return 0;
 }
 
-void mw__rdma_drop_exports(mw_conn_t *c)
+void mw__rdma_drop_exports(struct mw__conn *c)
 {
     while (c->exports) {
         struct mw__export *e = c->exports;
@@ -65,18 +69,18 @@ void mw__rdma_drop_exports(mw_conn_t *c)
     }
 }
 
-static uint64_t chunk_of(const mw_conn_t *c)
+static uint64_t chunk_of(const struct mw__conn *c)
 {
     uint64_t chunk = c->opts.chunk_size;
     return c->max_msg && c->max_msg < chunk ? c->max_msg : chunk;
 }
 
-static uint64_t chunks_in(const mw_conn_t *c, const struct mw__rdma *r)
+static uint64_t chunks_in(const struct mw__conn *c, const struct mw__rdma *r)
 {
     return r->len ? (r->len + chunk_of(c) - 1) / chunk_of(c) : 1;
 }
 
-static void finish(mw_conn_t *c, struct mw__rdma *r)
+static void finish(struct mw__conn *c, struct mw__rdma *r)
 {
     if (r->err)
         mw_future_fail(r->f, r->err, "%s: %s", c->stats.remote,
@@ -92,7 +96,7 @@ static void finish(mw_conn_t *c, struct mw__rdma *r)
 static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
-    mw_conn_t *c = op->owner;
+    struct mw__conn *c = op->owner;
     c->wr_out--;
     c->rdma_out--;
     r->chunks_out--;
@@ -111,7 +115,7 @@ static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
     mw__conn_maybe_finish(c);
 }
 
-static int post_chunk(mw_conn_t *c, struct mw__rdma *r)
+static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
 {
     uint64_t n = r->len - r->posted < chunk_of(c) ? r->len - r->posted : chunk_of(c);
     bool last = r->posted + n == r->len;
@@ -140,25 +144,25 @@ static int post_chunk(mw_conn_t *c, struct mw__rdma *r)
     return 0;
 }
 
-void mw__rdma_new_turn(mw_conn_t *c)
+void mw__rdma_new_turn(struct mw__conn *c)
 {
     c->budget_turn = c->ctx->cq_turns;
     c->turn_bytes = 0;
 }
 
-static bool turn_bytes_spent(mw_conn_t *c)
+static bool turn_bytes_spent(struct mw__conn *c)
 {
     if (c->budget_turn != c->ctx->cq_turns)
         mw__rdma_new_turn(c);
     return c->turn_bytes >= MW__POST_BYTES_PER_TURN;
 }
 
-static bool all_posted(const mw_conn_t *c, const struct mw__rdma *r)
+static bool all_posted(const struct mw__conn *c, const struct mw__rdma *r)
 {
     return r->done + r->chunks_out == chunks_in(c, r);
 }
 
-int mw__rdma_pump(mw_conn_t *c, int budget, bool *deferred)
+int mw__rdma_pump(struct mw__conn *c, int budget, bool *deferred)
 {
     int posted = 0;
     for (struct mw__list *l = c->rdmas.next; l != &c->rdmas && posted < budget; l = l->next) {
@@ -185,7 +189,7 @@ int mw__rdma_pump(mw_conn_t *c, int budget, bool *deferred)
     return posted;
 }
 
-void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why)
+void mw__rdma_fail_all(struct mw__conn *c, int err, const char *why)
 {
     (void)why;
     struct mw__list *l = c->rdmas.next;
@@ -199,11 +203,16 @@ void mw__rdma_fail_all(mw_conn_t *c, int err, const char *why)
     }
 }
 
-static mw_future_t *start(mw_conn_t *c, enum ibv_wr_opcode opcode, void *local, size_t len,
-                          const mw_remote_t *rem, uint64_t offset, bool with_imm, uint32_t imm)
+static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcode, void *local,
+                          size_t len, const mw_remote_t *rem, uint64_t offset, bool with_imm,
+                          uint32_t imm)
 {
-    if (!c)
+    int err;
+    struct mw__conn *c = mw__conn_of(h, fn, &err);
+    if (!c) {
+        errno = -err;
         return NULL;
+    }
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
@@ -247,24 +256,24 @@ static mw_future_t *start(mw_conn_t *c, enum ibv_wr_opcode opcode, void *local, 
 mw_future_t *mw_write(mw_conn_t *c, const void *local, size_t len, const mw_remote_t *r,
                       uint64_t offset)
 {
-    return start(c, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, false, 0);
+    return start(c, __func__, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, false, 0);
 }
 
 mw_future_t *mw_write_imm(mw_conn_t *c, const void *local, size_t len, const mw_remote_t *r,
                           uint64_t offset, uint32_t imm)
 {
-    return start(c, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, true, imm);
+    return start(c, __func__, IBV_WR_RDMA_WRITE, (void *)local, len, r, offset, true, imm);
 }
 
 mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len, const mw_remote_t *r,
                      uint64_t offset)
 {
-    return start(c, IBV_WR_RDMA_READ, local, len, r, offset, false, 0);
+    return start(c, __func__, IBV_WR_RDMA_READ, local, len, r, offset, false, 0);
 }
 
 /* The connection is being freed with its QP destroyed: nothing posted will
  * come back, so records still waiting for completions go now. */
-void mw__rdma_drop_all(mw_conn_t *c)
+void mw__rdma_drop_all(struct mw__conn *c)
 {
     while (!mw__list_empty(&c->rdmas)) {
         struct mw__rdma *r = mw__container_of(c->rdmas.next, struct mw__rdma, link);

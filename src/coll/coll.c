@@ -35,7 +35,7 @@ static enum mw__algo algo_for(enum mw__coll_kind kind, size_t bytes)
     return bytes < ALLREDUCE_RD_BELOW ? MW__ALGO_RECURSIVE_DOUBLING : MW__ALGO_RING;
 }
 
-static int register_user(mw_comm_t *comm, const void *p, size_t bytes, mw_mr_t **mr)
+static int register_user(struct mw__comm *comm, const void *p, size_t bytes, mw_mr_t **mr)
 {
     return bytes ? mw_reg(comm->ctx, (void *)p, bytes, mr) : 0;
 }
@@ -43,7 +43,7 @@ static int register_user(mw_comm_t *comm, const void *p, size_t bytes, mw_mr_t *
 /* Where the result lives and what the input is; 0 or a negative errno. */
 static int setup_buffers(struct mw__run *k, const void *in, void *out)
 {
-    mw_comm_t *comm = k->comm;
+    struct mw__comm *comm = k->comm;
     const struct mw__sched_bufs *b = &k->s.bufs;
     size_t res_bytes = b->res_len * k->esz, in_bytes = b->in_len * k->esz;
     if ((b->res_len && res_bytes / b->res_len != k->esz) || (b->ans_len && !out) ||
@@ -111,10 +111,16 @@ static int prepare(struct mw__run *k, enum mw__coll_kind kind, const void *in, v
     return setup_stage(k);
 }
 
-static mw_future_t *start(mw_comm_t *comm, enum mw__coll_kind kind, const void *in, void *out,
-                          size_t count, mw_dtype_t dt, mw_op_t op, int root)
+static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind, const void *in,
+                          void *out, size_t count, mw_dtype_t dt, mw_op_t op, int root)
 {
-    mw_future_t *f = comm ? mw_future_new(comm->ctx) : NULL;
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, fn, &err);
+    if (!comm) {
+        errno = -err;
+        return NULL;
+    }
+    mw_future_t *f = mw_future_new(comm->ctx);
     if (!f)
         return NULL;
     if (comm->err) {
@@ -144,50 +150,50 @@ static mw_future_t *start(mw_comm_t *comm, enum mw__coll_kind kind, const void *
 
 mw_future_t *mw_barrier(mw_comm_t *comm)
 {
-    return start(comm, MW__COLL_BARRIER, NULL, NULL, 0, MW_UINT8, MW_SUM, 0);
+    return start(comm, __func__, MW__COLL_BARRIER, NULL, NULL, 0, MW_UINT8, MW_SUM, 0);
 }
 
 mw_future_t *mw_broadcast(mw_comm_t *comm, void *buf, size_t count, mw_dtype_t dt, int root)
 {
-    return start(comm, MW__COLL_BROADCAST, buf, buf, count, dt, MW_SUM, root);
+    return start(comm, __func__, MW__COLL_BROADCAST, buf, buf, count, dt, MW_SUM, root);
 }
 
 mw_future_t *mw_reduce(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
                        mw_op_t op, int root)
 {
-    return start(comm, MW__COLL_REDUCE, in, out, count, dt, op, root);
+    return start(comm, __func__, MW__COLL_REDUCE, in, out, count, dt, op, root);
 }
 
 mw_future_t *mw_allreduce(mw_comm_t *comm, const void *in, void *out, size_t count,
                           mw_dtype_t dt, mw_op_t op)
 {
-    return start(comm, MW__COLL_ALLREDUCE, in, out, count, dt, op, 0);
+    return start(comm, __func__, MW__COLL_ALLREDUCE, in, out, count, dt, op, 0);
 }
 
 mw_future_t *mw_allgather(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt)
 {
-    return start(comm, MW__COLL_ALLGATHER, in, out, count, dt, MW_SUM, 0);
+    return start(comm, __func__, MW__COLL_ALLGATHER, in, out, count, dt, MW_SUM, 0);
 }
 
 mw_future_t *mw_reduce_scatter(mw_comm_t *comm, const void *in, void *out, size_t count,
                                mw_dtype_t dt, mw_op_t op)
 {
-    return start(comm, MW__COLL_REDUCE_SCATTER, in, out, count, dt, op, 0);
+    return start(comm, __func__, MW__COLL_REDUCE_SCATTER, in, out, count, dt, op, 0);
 }
 
 mw_future_t *mw_gather(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
                        int root)
 {
-    return start(comm, MW__COLL_GATHER, in, out, count, dt, MW_SUM, root);
+    return start(comm, __func__, MW__COLL_GATHER, in, out, count, dt, MW_SUM, root);
 }
 
 mw_future_t *mw_scatter(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt,
                         int root)
 {
-    return start(comm, MW__COLL_SCATTER, in, out, count, dt, MW_SUM, root);
+    return start(comm, __func__, MW__COLL_SCATTER, in, out, count, dt, MW_SUM, root);
 }
 
 mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, size_t count, mw_dtype_t dt)
 {
-    return start(comm, MW__COLL_ALLTOALL, in, out, count, dt, MW_SUM, 0);
+    return start(comm, __func__, MW__COLL_ALLTOALL, in, out, count, dt, MW_SUM, 0);
 }

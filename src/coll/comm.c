@@ -14,6 +14,7 @@
 
 #include "coll/comm.h"
 #include "core/ctx.h"
+#include "core/handle.h"
 
 #define HELLO_MAGIC 0x4d57434du   /* "MWCM" */
 #define RETRY_MS 200
@@ -29,12 +30,40 @@ void mw_comm_opts_init(mw_comm_opts_t *o)
     mw_conn_opts_init(&o->conn);
 }
 
-int mw_comm_rank(const mw_comm_t *comm) { return comm ? comm->rank : -EINVAL; }
-int mw_comm_size(const mw_comm_t *comm) { return comm ? comm->nranks : -EINVAL; }
+struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err)
+{
+    struct mw__comm *comm = mw__handle_get(MW__HANDLE(h), MW__H_COMM, fn, err);
+    if (comm && !mw__on_loop_thread(comm->ctx)) {
+        MW_LOG(comm->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
+               "communicator's loop", fn);
+        *err = -EPERM;
+        return NULL;
+    }
+    return comm;
+}
 
-static void release(mw_comm_t *comm);
+static mw_comm_t *handle_of(const struct mw__comm *comm)
+{
+    return MW__HANDLE_PTR(mw_comm_t, comm->h);
+}
 
-void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
+int mw_comm_rank(const mw_comm_t *h)
+{
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    return comm ? comm->rank : err;
+}
+
+int mw_comm_size(const mw_comm_t *h)
+{
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    return comm ? comm->nranks : err;
+}
+
+static void release(struct mw__comm *comm);
+
+void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
 {
     if (!comm->err) {
         va_list ap;
@@ -61,12 +90,12 @@ void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
 /* Callbacks of connects, hellos and watches may come after the owner freed
  * the communicator (or after its creation failed): each holds a reference,
  * and finds comm->freed set. */
-void mw__comm_ref(mw_comm_t *comm)
+void mw__comm_ref(struct mw__comm *comm)
 {
     comm->refs++;
 }
 
-void mw__comm_unref(mw_comm_t *comm)
+void mw__comm_unref(struct mw__comm *comm)
 {
     if (--comm->refs > 0)
         return;
@@ -134,7 +163,7 @@ static void watch(struct mw__peer *p)
 
 /* --- hello --------------------------------------------------------------- */
 
-static size_t scratch_bytes(const mw_comm_t *comm)
+static size_t scratch_bytes(const struct mw__comm *comm)
 {
     return (size_t)comm->opts.slots * comm->opts.slot_size;
 }
@@ -145,7 +174,7 @@ static void free_arg(mw_future_t *f, void *arg)
     free(arg);
 }
 
-static int send_hello(mw_comm_t *comm, struct mw__peer *p)
+static int send_hello(struct mw__comm *comm, struct mw__peer *p)
 {
     struct hello *m = malloc(sizeof *m);         /* lives until the send is done */
     if (!m)
@@ -164,7 +193,7 @@ static int send_hello(mw_comm_t *comm, struct mw__peer *p)
     return 0;
 }
 
-static const char *check_hello(const mw_comm_t *comm, const mw_msg_t *m, int expect_rank)
+static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, int expect_rank)
 {
     const struct hello *h = m->data;
     if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
@@ -183,7 +212,7 @@ static const char *check_hello(const mw_comm_t *comm, const mw_msg_t *m, int exp
 
 static void peer_ready(struct mw__peer *p, const struct hello *h)
 {
-    mw_comm_t *comm = p->comm;
+    struct mw__comm *comm = p->comm;
     p->remote = h->scratch;
     p->ready = true;
     watch(p);
@@ -192,12 +221,12 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
         mw_future_t *f = comm->create_f;
         comm->create_f = NULL;
         MW_LOG(comm->ctx, MW_LOG_INFO, "communicator rank %d/%d ready", comm->rank, comm->nranks);
-        mw_future_resolve(f, comm);
+        mw_future_resolve(f, handle_of(comm));
         mw_future_unref(f);
     }
 }
 
-static int alloc_peer(mw_comm_t *comm, int r, mw_conn_t *c)
+static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
 {
     struct mw__peer *p = &comm->peers[r];
     if (p->conn)
@@ -217,14 +246,14 @@ static int alloc_peer(mw_comm_t *comm, int r, mw_conn_t *c)
 /* --- the ranks above: they connect to us --------------------------------- */
 
 struct accepting {
-    mw_comm_t *comm;
+    struct mw__comm *comm;
     mw_conn_t *conn;
 };
 
 static void on_accepted_hello(mw_future_t *f, void *arg)
 {
     struct accepting *a = arg;
-    mw_comm_t *comm = a->comm;
+    struct mw__comm *comm = a->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     const char *bad = comm->freed ? "communicator gone" : m ? check_hello(comm, m, -1) : "no hello";
     int r = m && !bad ? (int)((struct hello *)m->data)->rank : -1;
@@ -247,7 +276,7 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
 static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
 {
     (void)l;
-    mw_comm_t *comm = arg;
+    struct mw__comm *comm = arg;
     struct accepting *a = malloc(sizeof *a);
     mw_future_t *f = a ? mw_recv(c) : NULL;
     if (!f) {
@@ -263,7 +292,7 @@ static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
 /* --- the ranks below: we connect to them --------------------------------- */
 
 struct connecting {
-    mw_comm_t *comm;
+    struct mw__comm *comm;
     int rank;
     char addr[256];
     struct event *retry;
@@ -274,7 +303,7 @@ static void try_connect(struct connecting *k);
 static void on_peer_hello(mw_future_t *f, void *arg)
 {
     struct mw__peer *p = arg;
-    mw_comm_t *comm = p->comm;
+    struct mw__comm *comm = p->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     const char *bad = m ? check_hello(comm, m, p->rank) : mw_future_message(f);
     if (comm->freed)
@@ -291,7 +320,7 @@ static void on_peer_hello(mw_future_t *f, void *arg)
 static void on_connected(mw_future_t *f, void *arg)
 {
     struct connecting *k = arg;
-    mw_comm_t *comm = k->comm;
+    struct mw__comm *comm = k->comm;
     bool ok = mw_future_state(f) == MW_FUTURE_DONE;
     if (ok && comm->freed) {
         mw_conn_abort(mw_future_value(f));
@@ -336,7 +365,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    mw_comm_t *comm = arg;
+    struct mw__comm *comm = arg;
     char missing[96] = "";
     for (int r = 0; r < comm->nranks; r++)
         if (r != comm->rank && !comm->peers[r].ready)
@@ -360,7 +389,7 @@ static void own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t 
         snprintf(buf, cap, "*:%u", dflt);
 }
 
-static int start(mw_comm_t *comm, const char *const *peers)
+static int start(struct mw__comm *comm, const char *const *peers)
 {
     char la[64];
     own_listen_addr(peers[comm->rank], comm->opts.conn.default_port, la, sizeof la);
@@ -399,8 +428,11 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
             mw_future_fail(f, -EINVAL, "no address for rank %d", r);
             return f;
         }
-    mw_comm_t *comm = calloc(1, sizeof *comm);
-    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers))) {
+    struct mw__comm *comm = calloc(1, sizeof *comm);
+    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers)) ||
+        !(comm->h = mw__handle_new(MW__H_COMM, comm))) {
+        if (comm)
+            free(comm->peers);
         free(comm);
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
@@ -417,7 +449,7 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
     for (int r = 0; r < nranks; r++)
         comm->peers[r] = (struct mw__peer){.comm = comm, .rank = r};
     if (nranks == 1) {
-        mw_future_resolve(f, comm);
+        mw_future_resolve(f, handle_of(comm));
         return f;
     }
     comm->create_f = mw_future_ref(f);
@@ -430,9 +462,11 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
 
 /* Let go of the mesh: connections aborted (their callbacks unhooked first),
  * the owner's reference dropped; callbacks still in flight hold their own. */
-static void release(mw_comm_t *comm)
+static void release(struct mw__comm *comm)
 {
     comm->freed = true;
+    mw__handle_release(comm->h);  /* the owner's handle stops matching */
+    comm->h = 0;
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
         if (p->watch) {
@@ -453,11 +487,16 @@ static void release(mw_comm_t *comm)
     mw__comm_unref(comm);
 }
 
-void mw_comm_free(mw_comm_t *comm)
+int mw_comm_free(mw_comm_t *h)
 {
-    if (!comm || comm->freed)
-        return;
+    int err;
+    if (!h)
+        return 0;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    if (!comm)
+        return err;
     mw__comm_fail(comm, -ECANCELED, "communicator freed");
     if (!comm->freed)
         release(comm);
+    return 0;
 }

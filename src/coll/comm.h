@@ -17,7 +17,7 @@ struct mw__run;
  * zero-length write with immediate carrying a count) frees the oldest
  * slots. */
 struct mw__peer {
-    struct mw_comm *comm;
+    struct mw__comm *comm;
     int rank;
     mw_conn_t *conn;
     mw_remote_t remote;           /* its scratch, which I write into */
@@ -33,7 +33,8 @@ struct mw__peer {
     char gone_why[160];
 };
 
-struct mw_comm {
+struct mw__comm {
+    uint64_t h;                   /* the owner's handle; 0 once freed */
     mw_ctx_t *ctx;
     int refs;                     /* the owner, and each callback in flight */
     bool freed;                   /* the owner let go: callbacks do nothing */
@@ -51,22 +52,26 @@ struct mw_comm {
 };
 
 /* comm.c */
+/* mw__comm_of() - the communicator behind a caller's handle, for public
+ * call @fn, or NULL with *@err: -EINVAL (NULL, another kind), -ESTALE
+ * (freed, or its creation failed), -EPERM (off the loop thread). */
+struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err);
 /* mw__peer_gone() - @p left or broke: collectives that still need it fail
  * (when they get to it); those that are past it finish. */
 void mw__peer_gone(struct mw__peer *p, int err, const char *why);
-void mw__comm_ref(mw_comm_t *comm);
-void mw__comm_unref(mw_comm_t *comm);
-void mw__comm_fail(mw_comm_t *comm, int err, const char *fmt, ...)
+void mw__comm_ref(struct mw__comm *comm);
+void mw__comm_unref(struct mw__comm *comm);
+void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* exec.c */
-void mw__coll_advance(mw_comm_t *comm);
-void mw__coll_fail_all(mw_comm_t *comm, int err, const char *why);
+void mw__coll_advance(struct mw__comm *comm);
+void mw__coll_fail_all(struct mw__comm *comm, int err, const char *why);
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg);
 enum mw__abort_why { MW__ABORT_OTHER = 0, MW__ABORT_LOST, MW__ABORT_MISMATCH };
 /* mw__comm_abort() - break @comm (mw__comm_fail) and tell every live peer,
  * naming @culprit, so ranks waiting on ranks that gave up fail too. */
-void mw__comm_abort(mw_comm_t *comm, enum mw__abort_why why, int culprit, int err,
+void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, int err,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 #endif

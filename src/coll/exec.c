@@ -42,7 +42,7 @@ static uint32_t imm_of(const struct mw__run *k, int step)
 
 void mw__coll_discard(struct mw__run *k)
 {
-    mw_comm_t *comm = k->comm;
+    struct mw__comm *comm = k->comm;
     mw__sched_free(&k->s);
     mw_free(comm->ctx, k->work);
     mw_free(comm->ctx, k->in_copy);
@@ -56,7 +56,7 @@ void mw__coll_discard(struct mw__run *k)
 
 static void finish(struct mw__run *k, int err, const char *why)
 {
-    mw_comm_t *comm = k->comm;
+    struct mw__comm *comm = k->comm;
     if (err)
         mw_future_fail(k->f, err, "%s on rank %d: %s", mw__coll_name(k->s.kind), comm->rank, why);
     else
@@ -77,14 +77,14 @@ uint32_t mw__coll_signature(int kind, mw_dtype_t dt, mw_op_t op, size_t count, i
     return hash32(h, (uint64_t)root);
 }
 
-void mw__coll_enqueue(mw_comm_t *comm, struct mw__run *k)
+void mw__coll_enqueue(struct mw__comm *comm, struct mw__run *k)
 {
     mw__list_add_tail(&comm->colls, &k->link);
     mw__comm_ref(comm);
     mw__coll_advance(comm);
 }
 
-void mw__coll_fail_all(mw_comm_t *comm, int err, const char *why)
+void mw__coll_fail_all(struct mw__comm *comm, int err, const char *why)
 {
     while (!mw__list_empty(&comm->colls))
         finish(mw__container_of(comm->colls.next, struct mw__run, link), err, why);
@@ -127,7 +127,7 @@ static int start_step(struct mw__run *k)
 static void on_chunk_written(mw_future_t *f, void *arg)
 {
     struct mw__peer *p = arg;
-    mw_comm_t *comm = p->comm;
+    struct mw__comm *comm = p->comm;
     if (mw_future_error(f))
         mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     else
@@ -265,7 +265,7 @@ static bool advance_one(struct mw__run *k)
     return true;
 }
 
-void mw__coll_advance(mw_comm_t *comm)
+void mw__coll_advance(struct mw__comm *comm)
 {
     while (!comm->err && !mw__list_empty(&comm->colls)) {
         struct mw__run *k = mw__container_of(comm->colls.next, struct mw__run, link);
@@ -288,7 +288,7 @@ static const char *abort_reason(enum mw__abort_why why)
 /* Every rank that breaks tells all the others, so a rank that never talks
  * to the culprit (in a ring, most of them) fails in one hop instead of
  * waiting forever on a rank that has given up. */
-void mw__comm_abort(mw_comm_t *comm, enum mw__abort_why why, int culprit, int err,
+void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, int err,
                     const char *fmt, ...)
 {
     if (comm->err)
@@ -319,7 +319,7 @@ void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
 {
     (void)c;
     struct mw__peer *p = arg;
-    mw_comm_t *comm = p->comm;
+    struct mw__comm *comm = p->comm;
     if ((imm & (IMM_ACK | IMM_ABORT)) == (IMM_ACK | IMM_ABORT)) {
         on_abort(p, imm);
         return;

@@ -11,7 +11,7 @@
 
 struct mw__run {
     struct mw__list link;
-    mw_comm_t *comm;
+    struct mw__comm *comm;
     mw_future_t *f;
     struct mw__sched s;
     mw_dtype_t dt;
@@ -34,7 +34,7 @@ struct mw__run {
 
 /* Queue @k (its future set) behind the collectives in flight; it holds a
  * reference on @comm until it finishes. */
-void mw__coll_enqueue(mw_comm_t *comm, struct mw__run *k);
+void mw__coll_enqueue(struct mw__comm *comm, struct mw__run *k);
 /* Release what @k holds, without touching its future (never queued). */
 void mw__coll_discard(struct mw__run *k);
 /* What both sides of every chunk must agree on. */

@@ -1,4 +1,5 @@
 /* Error names and the library version. */
+#include <errno.h>
 #include <string.h>
 
 #include "meshwire.h"
@@ -14,6 +15,9 @@ const char *mw_strerror(int err)
         err = -err;
     if (err == 0)
         return "success";
+    /* Handles that outlived their object (core/handle.h). */
+    if (err == ESTALE)
+        return "stale handle: its future, connection, listener or communicator is gone";
     /* strerror() is not thread-safe in general; strerrordesc_np (glibc
      * >= 2.32) returns a static string for every errno. */
     const char *s = strerrordesc_np(err);

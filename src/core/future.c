@@ -1,6 +1,7 @@
 /* Futures: a result completed on the loop, with callbacks that always run
  * later from a deferred task (never inside the call that registers them or
- * completes the future), chaining, joining, timeouts and cancellation. */
+ * completes the future), chaining, joining, timeouts and cancellation.
+ * Callers hold handles (core/handle.h); struct mw__future is the object. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 
 #include "core/ctx.h"
 #include "core/future.h"
+#include "core/handle.h"
 
 /* A registered callback.  Nodes from mw_future_then() are malloc'd and freed
  * by whoever drops them; chain/all embed theirs in their own state so that
@@ -21,7 +23,8 @@ struct mw__cb {
     bool heap;
 };
 
-struct mw_future {
+struct mw__future {
+    uint64_t h;                   /* the handle callers hold */
     mw_ctx_t *ctx;                /* NULL once detached at teardown */
     struct mw__list link;         /* in ctx->futures while attached */
     unsigned refs;
@@ -38,8 +41,27 @@ struct mw_future {
 };
 
 static void run_callbacks(struct mw__task *t);
-static int abort_future(mw_future_t *f, int err, const char *fmt, ...)
+static int abort_future(struct mw__future *f, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+static mw_future_t *handle_of(const struct mw__future *f)
+{
+    return MW__HANDLE_PTR(mw_future_t, f->h);
+}
+
+/* The future behind @h for public call @fn, or NULL with *@err: -EINVAL
+ * (NULL), -ESTALE (released), -EPERM (not its context's loop thread). */
+static struct mw__future *future_of(const mw_future_t *h, const char *fn, int *err)
+{
+    struct mw__future *f = mw__handle_get(MW__HANDLE(h), MW__H_FUTURE, fn, err);
+    if (f && f->ctx && !mw__on_loop_thread(f->ctx)) {
+        MW_LOG(f->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
+               "future's loop", fn);
+        *err = -EPERM;
+        return NULL;
+    }
+    return f;
+}
 
 /* ------------------------------------------------------------------------
  * Lifetime
@@ -55,9 +77,13 @@ mw_future_t *mw_future_new(mw_ctx_t *ctx)
         errno = EPERM;
         return NULL;
     }
-    mw_future_t *f = calloc(1, sizeof *f);
+    struct mw__future *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
+    if (!(f->h = mw__handle_new(MW__H_FUTURE, f))) {
+        free(f);
+        return NULL;
+    }
     f->ctx = ctx;
     f->refs = 1;
     f->cb_tail = &f->cb_head;
@@ -69,17 +95,25 @@ mw_future_t *mw_future_new(mw_ctx_t *ctx)
      * and the ctx is about to go, so it fails now, while callbacks can run. */
     if (ctx->closing)
         abort_future(f, -ECANCELED, "context closed");
-    return f;
+    return handle_of(f);
 }
 
-mw_future_t *mw_future_ref(mw_future_t *f)
+static void future_ref(struct mw__future *f)
 {
-    if (f)
-        f->refs++;
-    return f;
+    f->refs++;
 }
 
-static void drop_callbacks(mw_future_t *f)
+mw_future_t *mw_future_ref(mw_future_t *h)
+{
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f)
+        return NULL;
+    future_ref(f);
+    return h;
+}
+
+static void drop_callbacks(struct mw__future *f)
 {
     size_t n = 0;
     for (struct mw__cb *c = f->cb_head, *next; c; c = next) {
@@ -96,10 +130,11 @@ static void drop_callbacks(mw_future_t *f)
         MW_LOG(f->ctx, MW_LOG_DEBUG, "future released while pending: %zu callbacks dropped", n);
 }
 
-void mw_future_unref(mw_future_t *f)
+static void future_unref(struct mw__future *f)
 {
-    if (!f || --f->refs > 0)
+    if (--f->refs > 0)
         return;
+    mw__handle_release(f->h);     /* from here on, a further unref is refused */
     drop_callbacks(f);
     if (f->timer)
         event_free(f->timer);
@@ -112,21 +147,33 @@ void mw_future_unref(mw_future_t *f)
     free(f);
 }
 
+int mw_future_unref(mw_future_t *h)
+{
+    int err;
+    if (!h)
+        return 0;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f)
+        return err;
+    future_unref(f);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * Completion
  * ------------------------------------------------------------------------ */
 
-static void schedule(mw_future_t *f)
+static void schedule(struct mw__future *f)
 {
     if (f->task.queued || !f->ctx)
         return;
-    mw_future_ref(f);
+    future_ref(f);
     mw__defer(f->ctx, &f->task);
 }
 
 /* Common tail of every completion: the deadline and the cancel hook no
  * longer apply, and callbacks already registered become due. */
-static void finish(mw_future_t *f, int state)
+static void finish(struct mw__future *f, int state)
 {
     f->state = state;
     f->cancel_fn = NULL;
@@ -139,10 +186,12 @@ static void finish(mw_future_t *f, int state)
         schedule(f);
 }
 
-int mw_future_resolve(mw_future_t *f, void *value)
+int mw_future_resolve(mw_future_t *h, void *value)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     if (!f)
-        return -EINVAL;
+        return err;
     if (f->state != MW_FUTURE_PENDING)
         return -EALREADY;
     f->value = value;
@@ -150,9 +199,9 @@ int mw_future_resolve(mw_future_t *f, void *value)
     return 0;
 }
 
-static int fail_v(mw_future_t *f, int err, const char *fmt, va_list ap)
+static int fail_v(struct mw__future *f, int err, const char *fmt, va_list ap)
 {
-    if (!f || err >= 0)
+    if (err >= 0)
         return -EINVAL;
     if (f->state != MW_FUTURE_PENDING)
         return -EALREADY;
@@ -165,8 +214,12 @@ static int fail_v(mw_future_t *f, int err, const char *fmt, va_list ap)
     return 0;
 }
 
-int mw_future_fail(mw_future_t *f, int err, const char *fmt, ...)
+int mw_future_fail(mw_future_t *h, int err, const char *fmt, ...)
 {
+    int herr;
+    struct mw__future *f = future_of(h, __func__, &herr);
+    if (!f)
+        return herr;
     va_list ap;
     va_start(ap, fmt);
     int rc = fail_v(f, err, fmt, ap);
@@ -176,7 +229,7 @@ int mw_future_fail(mw_future_t *f, int err, const char *fmt, ...)
 
 /* Fail @f on behalf of someone other than its operation (cancel, timeout,
  * teardown): unlike an ordinary failure, the operation must hear of it. */
-static int abort_future(mw_future_t *f, int err, const char *fmt, ...)
+static int abort_future(struct mw__future *f, int err, const char *fmt, ...)
 {
     void (*hook)(mw_future_t *, void *) = f->cancel_fn;
     void *hook_arg = f->cancel_arg;
@@ -185,25 +238,29 @@ static int abort_future(mw_future_t *f, int err, const char *fmt, ...)
     int rc = fail_v(f, err, fmt, ap);
     va_end(ap);
     if (rc == 0 && hook)
-        hook(f, hook_arg);
+        hook(handle_of(f), hook_arg);
     return rc;
 }
 
-int mw_future_cancel(mw_future_t *f)
+int mw_future_cancel(mw_future_t *h)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     if (!f)
-        return -EINVAL;
+        return err;
     if (f->state != MW_FUTURE_PENDING)
         return -EALREADY;
     /* The hook may drop the operation's reference, possibly the last. */
-    mw_future_ref(f);
+    future_ref(f);
     int rc = abort_future(f, -ECANCELED, "cancelled");
-    mw_future_unref(f);
+    future_unref(f);
     return rc;
 }
 
-void mw__future_on_cancel(mw_future_t *f, void (*fn)(mw_future_t *f, void *arg), void *arg)
+void mw__future_on_cancel(mw_future_t *h, void (*fn)(mw_future_t *f, void *arg), void *arg)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     /* A complete future will never be cancelled: a hook would never run. */
     if (!f || f->state != MW_FUTURE_PENDING)
         return;
@@ -215,28 +272,42 @@ void mw__future_on_cancel(mw_future_t *f, void (*fn)(mw_future_t *f, void *arg),
  * Accessors
  * ------------------------------------------------------------------------ */
 
-int mw_future_state(const mw_future_t *f)
+int mw_future_state(const mw_future_t *h)
 {
-    return f ? f->state : -EINVAL;
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    return f ? f->state : err;
 }
 
-int mw_future_error(const mw_future_t *f)
+int mw_future_error(const mw_future_t *h)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     if (!f)
-        return -EINVAL;
+        return err;
     return f->state == MW_FUTURE_FAILED ? f->err : 0;
 }
 
-const char *mw_future_message(const mw_future_t *f)
+const char *mw_future_message(const mw_future_t *h)
 {
-    if (!f || f->state != MW_FUTURE_FAILED)
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f)
+        return h ? mw_strerror(err) : "";
+    if (f->state != MW_FUTURE_FAILED)
         return "";
     return f->msg ? f->msg : mw_strerror(f->err);
 }
 
-void *mw_future_value(const mw_future_t *f)
+void *mw_future_value(const mw_future_t *h)
 {
-    return f && f->state == MW_FUTURE_DONE ? f->value : NULL;
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f) {
+        errno = -err;
+        return NULL;
+    }
+    return f->state == MW_FUTURE_DONE ? f->value : NULL;
 }
 
 /* ------------------------------------------------------------------------
@@ -245,7 +316,7 @@ void *mw_future_value(const mw_future_t *f)
 
 static void run_callbacks(struct mw__task *t)
 {
-    mw_future_t *f = mw__container_of(t, mw_future_t, task);
+    struct mw__future *f = mw__container_of(t, struct mw__future, task);
     /* Detach the list first: callbacks registered from inside these ones
      * queue the task again and run on a later turn, after these. */
     struct mw__cb *c = f->cb_head;
@@ -255,15 +326,15 @@ static void run_callbacks(struct mw__task *t)
         /* An embedded node may be freed or reused by its own callback. */
         struct mw__cb *next = c->next;
         bool heap = c->heap;
-        c->fn(f, c->arg);
+        c->fn(handle_of(f), c->arg);
         if (heap)
             free(c);
         c = next;
     }
-    mw_future_unref(f); /* the reference schedule() took */
+    future_unref(f); /* the reference schedule() took */
 }
 
-static void add_callback(mw_future_t *f, struct mw__cb *c)
+static void add_callback(struct mw__future *f, struct mw__cb *c)
 {
     c->next = NULL;
     *f->cb_tail = c;
@@ -272,9 +343,13 @@ static void add_callback(mw_future_t *f, struct mw__cb *c)
         schedule(f);
 }
 
-int mw_future_then(mw_future_t *f, mw_then_fn cb, void *arg)
+int mw_future_then(mw_future_t *h, mw_then_fn cb, void *arg)
 {
-    if (!f || !cb)
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f)
+        return err;
+    if (!cb)
         return -EINVAL;
     if (!f->ctx)
         return -ESHUTDOWN;
@@ -327,6 +402,8 @@ static void chain_on_second(mw_future_t *g, void *arg)
     chain_release(c);
 }
 
+static void chain_wait_second(struct chain *c);
+
 static void chain_on_first(mw_future_t *f, void *arg)
 {
     struct chain *c = arg;
@@ -341,20 +418,37 @@ static void chain_on_first(mw_future_t *f, void *arg)
     } else if (!(c->g = c->fn(f, c->arg))) {
         mw_future_fail(c->r, -ECANCELED, "chain step returned no future");
         chain_release(c);
-    } else if (!c->g->ctx) {
+    } else {
+        chain_wait_second(c);
+    }
+}
+
+static void chain_wait_second(struct chain *c)
+{
+    int err;
+    struct mw__future *g = future_of(c->g, "mw_future_chain step", &err);
+    if (!g) {
+        c->g = NULL;              /* refused: not a reference we can drop */
+        mw_future_fail(c->r, err, "chain step returned an invalid future");
+        chain_release(c);
+    } else if (!g->ctx) {
         mw_future_fail(c->r, -ESHUTDOWN, "chain step returned a detached future");
         chain_release(c);
     } else {
         /* f's list let go of the node before this call: reuse it */
         c->cb.fn = chain_on_second;
-        add_callback(c->g, &c->cb);
+        add_callback(g, &c->cb);
     }
 }
 
-mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg)
+mw_future_t *mw_future_chain(mw_future_t *h, mw_chain_fn fn, void *arg)
 {
-    if (!f || !fn || !f->ctx)
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f || !fn || !f->ctx) {
+        errno = f ? EINVAL : -err;
         return NULL;
+    }
     struct chain *c = calloc(1, sizeof *c);
     mw_future_t *r = mw_future_new(f->ctx);
     if (!c || !r) {
@@ -368,7 +462,7 @@ mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg)
     c->cb = (struct mw__cb){.fn = chain_on_first, .arg = c};
     /* f must live until the chain has looked at it, whatever its caller
      * does with its own reference. */
-    c->f = mw_future_ref(f);
+    c->f = mw_future_ref(h);
     mw__future_on_cancel(r, chain_on_cancel, c);
     add_callback(f, &c->cb);
     return r;
@@ -411,17 +505,27 @@ static void all_on_member(mw_future_t *f, void *arg)
     }
 }
 
+/* Every member a live future of @ctx: else errno says why. */
 static bool all_members_valid(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (!fs[i] || fs[i]->ctx != ctx)
+    int err;
+    for (size_t i = 0; i < n; i++) {
+        struct mw__future *f = future_of(fs[i], "mw_future_all", &err);
+        if (!f || f->ctx != ctx) {
+            errno = f ? EINVAL : -err;
             return false;
+        }
+    }
     return true;
 }
 
 mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
 {
-    if (!ctx || (n && !fs) || !all_members_valid(ctx, fs, n))
+    if (!ctx || (n && !fs)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (!all_members_valid(ctx, fs, n))
         return NULL;
     mw_future_t *r = mw_future_new(ctx);
     if (!r)
@@ -439,9 +543,12 @@ mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
     /* Everything is allocated: registering below cannot fail halfway. */
     for (size_t i = 0; i < n; i++) {
         struct all_member *m = &a->m[i];
-        *m = (struct all_member){.all = a, .f = mw_future_ref(fs[i]), .index = i};
+        int err;
+        struct mw__future *f = future_of(fs[i], __func__, &err); /* checked above */
+        *m = (struct all_member){.all = a, .f = fs[i], .index = i};
+        future_ref(f);
         m->cb = (struct mw__cb){.fn = all_on_member, .arg = m};
-        add_callback(fs[i], &m->cb);
+        add_callback(f, &m->cb);
     }
     return r;
 }
@@ -452,20 +559,22 @@ mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
 
 static void on_timeout(evutil_socket_t fd, short what, void *arg)
 {
-    mw_future_t *f = arg;
+    struct mw__future *f = arg;
     (void)fd;
     (void)what;
     /* Completing frees this timer (fine from its own callback); the cancel
      * hook may drop the operation's reference, possibly the last. */
-    mw_future_ref(f);
+    future_ref(f);
     abort_future(f, -ETIMEDOUT, "timed out after %u ms", f->timeout_ms);
-    mw_future_unref(f);
+    future_unref(f);
 }
 
-int mw_future_set_timeout(mw_future_t *f, unsigned ms)
+int mw_future_set_timeout(mw_future_t *h, unsigned ms)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     if (!f)
-        return -EINVAL;
+        return err;
     if (!f->ctx)
         return -ESHUTDOWN;
     if (f->state != MW_FUTURE_PENDING)
@@ -483,10 +592,12 @@ int mw_future_set_timeout(mw_future_t *f, unsigned ms)
  * Waiting
  * ------------------------------------------------------------------------ */
 
-int mw_wait(mw_future_t *f)
+int mw_wait(mw_future_t *h)
 {
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
     if (!f)
-        return -EINVAL;
+        return err;
     mw_ctx_t *ctx = f->ctx;
     if (!ctx)
         return -ESHUTDOWN;
@@ -494,7 +605,7 @@ int mw_wait(mw_future_t *f)
     if (ctx->in_callback > 0)
         return -EDEADLK;
     int rc = 0;
-    mw_future_ref(f);
+    future_ref(f);
     while (f->state == MW_FUTURE_PENDING) {
         int r = event_base_loop(ctx->base, EVLOOP_ONCE);
         if (r == 1 && f->state == MW_FUTURE_PENDING) {
@@ -508,9 +619,9 @@ int mw_wait(mw_future_t *f)
             break;
         }
     }
-    if (rc == 0)
-        rc = mw_future_error(f);
-    mw_future_unref(f);
+    if (rc == 0 && f->state == MW_FUTURE_FAILED)
+        rc = f->err;
+    future_unref(f);
     return rc;
 }
 
@@ -534,14 +645,14 @@ void mw__future_fail_all(mw_ctx_t *ctx)
     todo.prev->next = &todo;
     mw__list_init(&ctx->futures);
     while (!mw__list_empty(&todo)) {
-        mw_future_t *f = mw__container_of(todo.next, mw_future_t, link);
+        struct mw__future *f = mw__container_of(todo.next, struct mw__future, link);
         mw__list_del(&f->link);
         mw__list_add_tail(&ctx->futures, &f->link);
         if (f->state != MW_FUTURE_PENDING)
             continue;
-        mw_future_ref(f);
+        future_ref(f);
         abort_future(f, -ECANCELED, "context closed");
-        mw_future_unref(f);
+        future_unref(f);
     }
 }
 
@@ -549,7 +660,7 @@ void mw__future_detach_all(mw_ctx_t *ctx)
 {
     size_t n = 0;
     while (!mw__list_empty(&ctx->futures)) {
-        mw_future_t *f = mw__container_of(ctx->futures.next, mw_future_t, link);
+        struct mw__future *f = mw__container_of(ctx->futures.next, struct mw__future, link);
         mw__list_del(&f->link);
         /* Every future is complete by now (so it has no timer), but a timer
          * must never outlive the base it was made on. */

@@ -411,6 +411,77 @@ static void abort_fails_pending_work(void **state)
     assert_true(failed > 0);
 }
 
+static void accept_none(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    (void)arg;
+    mw_conn_abort(c);
+}
+
+/* Every call on a closed or aborted connection is refused with -ESTALE
+ * (errno for those returning a future), right after the call and after the
+ * teardown; so are a freed listener's.  The server and new connections
+ * carry on. */
+static void use_after_close_is_refused(void **state)
+{
+    struct pair *p = *state;
+    uint8_t *buf = mw_alloc(p->ctx, 4096);
+    mw_remote_t r = {.addr = (uintptr_t)buf, .len = 4096};
+    mw_conn_stats_t st;
+
+    mw_conn_t *c = p->c;
+    p->c = NULL;
+    rxe_close_conn(c);
+    errno = 0;
+    assert_null(mw_send(c, "x", 1));
+    assert_int_equal(errno, ESTALE);
+    errno = 0;
+    assert_null(mw_recv(c));
+    assert_int_equal(errno, ESTALE);
+    errno = 0;
+    assert_null(mw_write(c, buf, 1, &r, 0));
+    assert_int_equal(errno, ESTALE);
+    errno = 0;
+    assert_null(mw_read(c, buf, 1, &r, 0));
+    assert_int_equal(errno, ESTALE);
+    errno = 0;
+    assert_null(mw_write_imm(c, buf, 1, &r, 0, 7));
+    assert_int_equal(errno, ESTALE);
+    errno = 0;
+    assert_null(mw_conn_close(c));                  /* closed twice */
+    assert_int_equal(errno, ESTALE);
+    assert_int_equal(mw_conn_abort(c), -ESTALE);
+    assert_int_equal(mw_mem_export(c, buf, 4096, &r), -ESTALE);
+    assert_int_equal(mw_conn_on_imm(c, NULL, NULL), -ESTALE);
+    assert_int_equal(mw_conn_stats(c, &st), -ESTALE);
+    assert_string_equal(st.remote, "");
+
+    /* aborted: refused at once, while its teardown is still under way */
+    mw_conn_t *a = rxe_connect(p->ctx, addrs[1], p->s.port, NULL);
+    rxe_wait_accepted(&p->s, 2);
+    assert_int_equal(mw_conn_abort(a), 0);
+    assert_int_equal(mw_conn_abort(a), -ESTALE);
+    errno = 0;
+    assert_null(mw_send(a, "x", 1));
+    assert_int_equal(errno, ESTALE);
+
+    p->c = rxe_connect(p->ctx, addrs[1], p->s.port, NULL);
+    rxe_wait_accepted(&p->s, 3);
+    rxe_round_trip(p->c, p->s.conns[2]);
+
+    mw_listener_t *l;
+    assert_int_equal(mw_listen(p->ctx, "*:0", NULL, accept_none, NULL, &l), 0);
+    assert_true(mw_listener_port(l) > 0);
+    assert_int_equal(mw_listener_free(l), 0);
+    assert_int_equal(mw_listener_free(l), -ESTALE);   /* freed twice */
+    assert_int_equal(mw_listener_port(l), -ESTALE);
+    mw_listener_stats_t ls;
+    assert_int_equal(mw_listener_stats(l, &ls), -ESTALE);
+    assert_int_equal(mw_listener_port((mw_listener_t *)p->c), -EINVAL);  /* a conn */
+    rxe_round_trip(p->c, p->s.conns[2]);
+    mw_free(p->ctx, buf);
+}
+
 /* --- keepalive ----------------------------------------------------------- */
 
 static void waiting_receive_survives_keepalive_probes(void **state)
@@ -622,6 +693,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(remote_side_enforces_the_export),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(use_after_close_is_refused, pair_setup, pair_teardown),
         cmocka_unit_test(waiting_receive_survives_keepalive_probes),
         cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),

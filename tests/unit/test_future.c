@@ -1,6 +1,7 @@
 /* Futures: deferred callbacks, ordering, refcounts, chain, all, timeouts,
- * cancellation, mw_wait and teardown. */
+ * cancellation, mw_wait, teardown, and handles that outlived their future. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 
 #include "meshwire.h"
 #include "core/future.h"
+#include "core/handle.h"
 
 /* ------------------------------------------------------------------------
  * Helpers
@@ -969,6 +971,177 @@ static void callers_base(void **state)
     event_base_free(base);
 }
 
+
+/* ------------------------------------------------------------------------
+ * Handles: released, reused, foreign, off the loop thread
+ * ------------------------------------------------------------------------ */
+
+static mw_future_t *chain_never(mw_future_t *f, void *arg)
+{
+    (void)f;
+    (void)arg;
+    fail_msg("a chain on a released future must not run");
+    return NULL;
+}
+
+/* Every call on a handle whose future is gone is refused with -ESTALE
+ * (the double unref among them), and nothing else is touched. */
+static void released_future_is_refused_everywhere(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    mw_future_t *f = mw_future_new(ctx);
+    assert_int_equal(mw_future_resolve(f, &order[0]), 0);
+    assert_int_equal(mw_future_unref(f), 0);
+    assert_int_equal(live(ctx), 0);
+
+    assert_int_equal(mw_future_unref(f), -ESTALE);           /* double unref */
+    assert_null(mw_future_ref(f));
+    assert_int_equal(mw_future_state(f), -ESTALE);
+    assert_int_equal(mw_future_error(f), -ESTALE);
+    assert_string_equal(mw_future_message(f), mw_strerror(-ESTALE));
+    errno = 0;
+    assert_null(mw_future_value(f));
+    assert_int_equal(errno, ESTALE);
+    assert_int_equal(mw_future_resolve(f, NULL), -ESTALE);
+    assert_int_equal(mw_future_fail(f, -EIO, "x"), -ESTALE);
+    assert_int_equal(mw_future_then(f, count_cb, NULL), -ESTALE);
+    assert_int_equal(mw_future_set_timeout(f, 1), -ESTALE);
+    assert_int_equal(mw_future_cancel(f), -ESTALE);
+    assert_int_equal(mw_wait(f), -ESTALE);
+    errno = 0;
+    assert_null(mw_future_chain(f, chain_never, NULL));
+    assert_int_equal(errno, ESTALE);
+    mw_future_t *g = mw_future_new(ctx);
+    mw_future_t *pair[] = {g, f};
+    errno = 0;
+    assert_null(mw_future_all(ctx, pair, 2));
+    assert_int_equal(errno, ESTALE);
+    mw_future_unref(g);
+    spin(ctx);
+    assert_int_equal(live(ctx), 0);
+    assert_true(strstr(mw_strerror(-ESTALE), "stale handle") != NULL);
+}
+
+/* A released handle never names the future made after it, even when that
+ * one reuses the same memory and table slot: the stale unref is refused
+ * and the new future is untouched. */
+static void stale_handle_never_reaches_a_new_future(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    for (int i = 0; i < 10000; i++) {
+        mw_future_t *old = mw_future_new(ctx);
+        assert_int_equal(mw_future_unref(old), 0);
+        mw_future_t *f = mw_future_new(ctx);
+        assert_ptr_not_equal(f, old);
+        assert_int_equal(mw_future_unref(old), -ESTALE);
+        assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);
+        assert_int_equal(mw_future_resolve(f, NULL), 0);
+        assert_int_equal(mw_future_unref(f), 0);
+    }
+    assert_int_equal(live(ctx), 0);
+}
+
+/* An extra unref while others still hold the future frees it early (it
+ * cannot know whose reference it was), but every later use by those
+ * holders, including the operation's own completion, is refused. */
+static void extra_unref_leaves_holders_refused_not_corrupted(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    mw_future_t *f = mw_future_new(ctx);
+    mw_future_ref(f);                          /* an "operation" holds one */
+    assert_int_equal(mw_future_unref(f), 0);
+    assert_int_equal(mw_future_unref(f), 0);   /* the caller's bug: one too many */
+    assert_int_equal(live(ctx), 0);
+    assert_int_equal(mw_future_resolve(f, NULL), -ESTALE);   /* the operation */
+    assert_int_equal(mw_future_unref(f), -ESTALE);
+}
+
+/* A handle of another kind is refused with -EINVAL, and so is a value that
+ * never was a handle (here the address of a real object). */
+static void foreign_handles_are_refused(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    const char *peers[] = {"127.0.0.1:1"};
+    mw_future_t *cf = mw_comm_create(ctx, 0, 1, peers, NULL);   /* no RDMA needed */
+    assert_int_equal(mw_wait(cf), 0);
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    assert_int_equal(mw_comm_size(comm), 1);
+
+    assert_int_equal(mw_future_state((mw_future_t *)comm), -EINVAL);
+    assert_int_equal(mw_future_unref((mw_future_t *)comm), -EINVAL);
+    assert_int_equal(mw_comm_size(comm), 1);                    /* untouched */
+    mw_future_t *f = mw_future_new(ctx);
+    assert_int_equal(mw_comm_rank((mw_comm_t *)f), -EINVAL);
+    assert_int_equal(mw_conn_abort((mw_conn_t *)f), -EINVAL);
+    assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);
+    mw_future_unref(f);
+
+    int object = 0;
+    assert_int_equal(mw_future_unref((mw_future_t *)&object), -ESTALE);
+    assert_int_equal(mw_comm_free((mw_comm_t *)&object), -ESTALE);
+
+    assert_int_equal(mw_comm_free(comm), 0);
+    assert_int_equal(mw_comm_free(comm), -ESTALE);              /* double free */
+    assert_int_equal(mw_comm_rank(comm), -ESTALE);
+    int x = 0;
+    errno = 0;
+    assert_null(mw_allreduce(comm, &x, &x, 1, MW_INT32, MW_SUM));
+    assert_int_equal(errno, ESTALE);
+    spin(ctx);
+    assert_int_equal(live(ctx), 0);
+}
+
+struct off_thread {
+    mw_future_t *f;
+    int resolve, state, unref, then;
+};
+
+static void *touch_off_thread(void *arg)
+{
+    struct off_thread *o = arg;
+    o->resolve = mw_future_resolve(o->f, NULL);
+    o->state = mw_future_state(o->f);
+    o->then = mw_future_then(o->f, count_cb, NULL);
+    o->unref = mw_future_unref(o->f);
+    return NULL;
+}
+
+/* Futures belong to their context's loop thread: from another thread every
+ * call is refused with -EPERM and the future is left as it was. */
+static void future_touched_off_thread_is_refused(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    struct off_thread o = {.f = mw_future_new(ctx)};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, touch_off_thread, &o), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(o.resolve, -EPERM);
+    assert_int_equal(o.state, -EPERM);
+    assert_int_equal(o.then, -EPERM);
+    assert_int_equal(o.unref, -EPERM);
+    assert_int_equal(mw_future_state(o.f), MW_FUTURE_PENDING);
+    assert_int_equal(live(ctx), 1);
+    assert_int_equal(mw_future_unref(o.f), 0);
+    assert_int_equal(live(ctx), 0);
+}
+
+/* A future the caller still holds after mw_ctx_free() stays readable, and
+ * its last unref releases its handle like any other. */
+static void future_outliving_its_ctx_releases_its_handle(void **state)
+{
+    (void)state;
+    uint64_t before = mw__handles_live();
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_future_t *f = mw_future_new(ctx);
+    mw_ctx_free(ctx);
+    assert_int_equal(mw_future_error(f), -ECANCELED);
+    assert_int_equal(mw_future_unref(f), 0);
+    assert_int_equal(mw_future_unref(f), -ESTALE);
+    assert_int_equal(mw__handles_live(), before);
+}
+
 int main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -1008,6 +1181,12 @@ int main(void)
         T(wait_returns_error),
         T(wait_inside_callback_is_edeadlk),
         T(wait_with_nothing_to_wake_is_edeadlk),
+        T(released_future_is_refused_everywhere),
+        T(stale_handle_never_reaches_a_new_future),
+        T(extra_unref_leaves_holders_refused_not_corrupted),
+        T(foreign_handles_are_refused),
+        T(future_touched_off_thread_is_refused),
+        cmocka_unit_test(future_outliving_its_ctx_releases_its_handle),
         cmocka_unit_test(ctx_free_fails_pending),
         cmocka_unit_test(future_made_during_teardown),
         cmocka_unit_test(callers_base),
