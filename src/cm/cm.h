@@ -93,6 +93,8 @@ struct mw__recv_slot {
     struct mw__op *op;
     uint8_t *buf;
     bool posted;
+    bool with_imm;                /* what arrived in it: a write with immediate */
+    uint32_t len, imm;            /* (imm in host order) or a fragment of len */
 };
 
 struct mw__msgq {                 /* a received message waiting for mw_recv */
@@ -143,6 +145,10 @@ struct mw__conn {
     unsigned *free_send;          /* stack of free send slot indexes */
     unsigned nfree_send, nsend;
     unsigned slots_parked;        /* receive slots held back: flow control */
+    unsigned *early;              /* slots filled before we were established, */
+    unsigned nearly;              /* in arrival order: taken once we are */
+    struct mw__task early_task;
+    bool told_cm;                 /* rdma_notify(COMM_EST) done */
 
     /* operations */
     uint64_t next_msg_id;
@@ -226,6 +232,9 @@ void mw__rdma_fail_all(struct mw__conn *c, int err, const char *why);
 void mw__rdma_drop_all(struct mw__conn *c);        /* at free: the QP is gone */
 int mw__msg_post_recvs(struct mw__conn *c);
 void mw__msg_free_buffers(struct mw__conn *c);
+/* Established: take what arrived before (on the next loop turn, so an
+ * accepted connection is handed over first). */
+void mw__msg_established(struct mw__conn *c);
 void mw__probe_arm(struct mw__conn *c);            /* keepalive: see msg.c */
 
 #endif

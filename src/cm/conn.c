@@ -236,6 +236,7 @@ void mw__conn_established(struct mw__conn *c)
         return;
     }
     c->state = MW__CONN_ESTABLISHED;
+    mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s (credits %u, fragment %u bytes)",
            c->stats.local, c->stats.remote, c->stats.device, c->nsend, c->max_frag);
     mw__conn_pump(c);

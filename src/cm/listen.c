@@ -149,6 +149,8 @@ static void send_reject(struct mw__listener *l, struct rdma_cm_id *id, const cha
 
 static void on_accept_timeout(struct mw__conn *c)
 {
+    if (c->listener)
+        c->listener->stats.failed++;
     mw__conn_fail(c, -ETIMEDOUT, "accepting timed out after %u ms", c->opts.timeout_ms);
 }
 

@@ -44,7 +44,8 @@ int mw__msg_post_recvs(struct mw__conn *c)
     unsigned n = c->opts.credits;
     c->recv_mem = mw_alloc(c->ctx, (size_t)n * c->opts.slot_size);
     c->slots = calloc(n, sizeof *c->slots);
-    if (!c->recv_mem || !c->slots)
+    c->early = calloc(n, sizeof *c->early);
+    if (!c->recv_mem || !c->slots || !c->early)
         return -ENOMEM;
     for (unsigned i = 0; i < n; i++) {
         struct mw__recv_slot *s = &c->slots[i];
@@ -73,6 +74,10 @@ void mw__msg_free_buffers(struct mw__conn *c)
             mw__op_put(c->ctx, c->slots[i].op);
     free(c->slots);
     c->slots = NULL;
+    free(c->early);
+    c->early = NULL;
+    c->nearly = 0;
+    mw__defer_cancel(c->ctx, &c->early_task);
     mw_free(c->ctx, c->recv_mem);
     mw_free(c->ctx, c->send_mem);
     c->recv_mem = c->send_mem = NULL;
@@ -212,6 +217,66 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len)
     return 0;
 }
 
+/* What arrived in slot @i: an immediate, or a fragment. */
+static void take_slot(struct mw__conn *c, unsigned i)
+{
+    struct mw__recv_slot *s = &c->slots[i];
+    if (s->with_imm) {
+        c->stats.imms_received++;
+        recycle_slot(c, i);
+        if (c->imm_fn)
+            c->imm_fn(mw__conn_handle(c), s->imm, c->imm_arg);
+        else if (!c->owner_gone)          /* after close nobody listens */
+            MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
+                   c->stats.remote, s->imm);
+    } else if (take_frag(c, s->buf, s->len) == 0) {
+        recycle_slot(c, i);
+    }
+}
+
+static void after_taking(struct mw__conn *c)
+{
+    unpark_slots(c);                  /* a waiter may have taken the message */
+    mw__conn_pump(c);
+    mw__conn_maybe_finish(c);
+}
+
+/* The peer sent as soon as it was connected, before our side is: before
+ * its RTU reached our CM, or before we handled the cm event.  Nothing can
+ * be taken yet (the peer's credits and our send slots come with
+ * establishment), so the slot waits, in arrival order.  Data proves the
+ * peer connected: the CM is told, so a lost RTU cannot leave us half-made. */
+static void keep_early(struct mw__conn *c, unsigned i)
+{
+    c->early[c->nearly++] = i;
+    if (c->state == MW__CONN_ACCEPTING && !c->told_cm) {
+        c->told_cm = true;
+        if (rdma_notify(c->id, IBV_EVENT_COMM_EST) < 0 && errno != EISCONN)
+            MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: rdma_notify: %s", c->stats.remote,
+                   mw_strerror(-errno));
+    }
+}
+
+static void take_early(struct mw__task *t)
+{
+    struct mw__conn *c = mw__container_of(t, struct mw__conn, early_task);
+    for (unsigned k = 0; k < c->nearly; k++)
+        if (c->state == MW__CONN_ESTABLISHED || c->state == MW__CONN_CLOSING)
+            take_slot(c, c->early[k]);
+    c->nearly = 0;
+    after_taking(c);
+}
+
+void mw__msg_established(struct mw__conn *c)
+{
+    c->early_task.fn = take_early;
+    if (!c->nearly)
+        return;
+    MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %u receives arrived before the connection was "
+           "established here; taken now", c->stats.remote, c->nearly);
+    mw__defer(c->ctx, &c->early_task);
+}
+
 static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__conn *c = op->owner;
@@ -226,20 +291,16 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         return;
     }
     c->rx_activity++;
-    if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        c->stats.imms_received++;
-        recycle_slot(c, i);
-        if (c->imm_fn)
-            c->imm_fn(mw__conn_handle(c), ntohl(wc->imm_data), c->imm_arg);
-        else if (!c->owner_gone)          /* after close nobody listens */
-            MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
-                   c->stats.remote, ntohl(wc->imm_data));
-    } else if (take_frag(c, c->slots[i].buf, wc->byte_len) == 0) {
-        recycle_slot(c, i);
+    struct mw__recv_slot *s = &c->slots[i];
+    s->with_imm = wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM;
+    s->imm = ntohl(wc->imm_data);
+    s->len = wc->byte_len;
+    if (c->state < MW__CONN_ESTABLISHED || c->nearly) {   /* behind the early ones */
+        keep_early(c, i);
+        return;
     }
-    unpark_slots(c);                  /* a waiter may have taken the message */
-    mw__conn_pump(c);
-    mw__conn_maybe_finish(c);
+    take_slot(c, i);
+    after_taking(c);
 }
 
 mw_future_t *mw_recv(mw_conn_t *h)

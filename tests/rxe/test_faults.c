@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,9 +72,34 @@ static int raw_server(const char *addr, const char *port, const char *kind)
         pause();
 }
 
+/* Kind "burst": one good 3-fragment message, sent the moment the connect
+ * returns (likely before the server has handled its own establishment). */
+static int send_burst(struct rdma_cm_id *id, uint8_t *buf, size_t cap)
+{
+    struct ibv_mr *mr = rdma_reg_msgs(id, buf, cap);
+    struct ibv_wc wc;
+    if (!mr)
+        return 4;
+    for (int k = 0; k < 3; k++) {
+        uint8_t *p = buf + k * 64;
+        struct mw__frag f = {.type = MW__FRAG_DATA, .len = 8, .msg_id = 1, .total = 24,
+                             .offset = 8 * (uint64_t)k,
+                             .flags = k == 0 ? MW__FRAG_FIRST : k == 2 ? MW__FRAG_LAST : 0};
+        mw__frag_encode(&f, p, 64);
+        memset(p + MW__FRAG_HDR_LEN, 'a' + k, 8);
+        if (rdma_post_send(id, NULL, p, MW__FRAG_HDR_LEN + 8, mr, IBV_SEND_SIGNALED))
+            return 4;
+    }
+    for (int k = 0; k < 3; k++)
+        if (rdma_get_send_comp(id, &wc) <= 0 || wc.status != IBV_WC_SUCCESS)
+            return 4;
+    return 0;
+}
+
 /* A client that passes the handshake, then sends one fragment made bad as
- * @kind says, and waits to be killed; kind "die" SIGKILLs itself as soon as
- * its connect request is on the wire. */
+ * @kind says (or a good burst), and waits to be killed; kind "die" SIGKILLs
+ * itself as soon as its connect request is on the wire.  A step that fails
+ * says so on stderr and exits with a status the test reports. */
 static int raw_client(const char *addr, const char *port, const char *kind)
 {
     struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
@@ -81,8 +107,10 @@ static int raw_client(const char *addr, const char *port, const char *kind)
     struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
                                           .max_send_sge = 1, .max_recv_sge = 1},
                                   .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
-    if (rdma_getaddrinfo(addr, port, &hints, &res) || rdma_create_ep(&id, res, NULL, &qa))
+    if (rdma_getaddrinfo(addr, port, &hints, &res) || rdma_create_ep(&id, res, NULL, &qa)) {
+        perror("raw client: rdma_create_ep");
         return 2;
+    }
     uint8_t pd[MW__HELLO_LEN];
     struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                           .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
@@ -95,9 +123,18 @@ static int raw_client(const char *addr, const char *port, const char *kind)
             return 3;
         raise(SIGKILL);
     }
-    if (rdma_connect(id, &cp))
+    if (rdma_connect(id, &cp)) {
+        perror("raw client: rdma_connect");
         return 3;
+    }
     static uint8_t buf[256];
+    if (!strcmp(kind, "burst")) {
+        int rc = send_burst(id, buf, sizeof buf);
+        if (rc)
+            return rc;
+        for (;;)
+            pause();
+    }
     struct mw__frag f = {.type = MW__FRAG_DATA, .flags = MW__FRAG_FIRST | MW__FRAG_LAST,
                          .len = 8, .msg_id = 1, .total = 8};
     size_t len = MW__FRAG_HDR_LEN + 8;
@@ -390,6 +427,26 @@ static void client_killed_during_connect(void **state)
     mw_ctx_free(ctx);
 }
 
+/* Run the loop until @a holds the raw client's connection; fail, saying
+ * why, if the listener refused it or the client gave up first. */
+static void wait_raw_accepted(mw_ctx_t *ctx, mw_listener_t *l, struct accepted *a, pid_t pid,
+                              const char *kind)
+{
+    mw_listener_stats_t ls = {0};
+    int status = 0;
+    bool exited = false;
+    for (int i = 0; i < 2000 && !a->c && !ls.failed && !ls.rejected && !exited; i++) {
+        loop_for(ctx, 10);
+        mw_listener_stats(l, &ls);
+        exited = waitpid(pid, &status, WNOHANG) == pid;
+    }
+    if (!a->c)
+        fail_msg("raw client (%s) not accepted: listener failed %llu, rejected %llu; client %s %d",
+                 kind, (unsigned long long)ls.failed, (unsigned long long)ls.rejected,
+                 !exited ? "running, pid" : WIFEXITED(status) ? "exited with status" : "killed by signal",
+                 !exited ? pid : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
 static void malformed_fragments_are_refused_and_counted(void **state)
 {
     (void)state;
@@ -406,14 +463,7 @@ static void malformed_fragments_are_refused_and_counted(void **state)
         mw_ctx_stats_t s0, s1;
         mw_ctx_stats(ctx, &s0);
         pid_t pid = spawn_client(kinds[k], port);
-        mw_listener_stats_t ls = {0};
-        for (int i = 0; i < 2000 && !a.c && !ls.failed && !ls.rejected; i++) {
-            loop_for(ctx, 10);
-            mw_listener_stats(l, &ls);
-        }
-        if (!a.c)
-            fail_msg("raw client (%s) not accepted: listener failed %llu, rejected %llu", kinds[k],
-                     (unsigned long long)ls.failed, (unsigned long long)ls.rejected);
+        wait_raw_accepted(ctx, l, &a, pid, kinds[k]);
         mw_future_t *r = mw_recv(a.c);
         mw_future_set_timeout(r, 10000);
         int rc = mw_wait(r);
@@ -427,6 +477,38 @@ static void malformed_fragments_are_refused_and_counted(void **state)
         mw_conn_abort(a.c);
         mw_listener_free(l);
         context_still_serves(ctx);
+    }
+    mw_ctx_free(ctx);
+}
+
+/* A peer that sends the moment it is connected: its fragments may complete
+ * before this side has handled its own establishment.  They wait, in
+ * order, and the message arrives whole (10 connections). */
+static void fragments_sent_at_once_arrive_whole(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    for (int k = 0; k < 10; k++) {
+        char la[64];
+        int port = next_port();
+        snprintf(la, sizeof la, "%s:%d", addrs[1], port);
+        struct accepted a = {0};
+        mw_listener_t *l;
+        assert_int_equal(mw_listen(ctx, la, NULL, keep_accepted, &a, &l), 0);
+        pid_t pid = spawn_client("burst", port);
+        wait_raw_accepted(ctx, l, &a, pid, "burst");
+        mw_future_t *r = mw_recv(a.c);
+        mw_future_set_timeout(r, 10000);
+        assert_int_equal(mw_wait(r), 0);
+        mw_msg_t *m = mw_future_value(r);
+        assert_int_equal(m->len, 24);
+        assert_memory_equal(m->data, "aaaaaaaabbbbbbbbcccccccc", 24);
+        mw_msg_free(m);
+        mw_future_unref(r);
+        stop(pid);
+        mw_conn_abort(a.c);
+        mw_listener_free(l);
     }
     mw_ctx_free(ctx);
 }
@@ -450,6 +532,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_killed_during_connect),
         cmocka_unit_test(client_killed_during_connect),
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
+        cmocka_unit_test(fragments_sent_at_once_arrive_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
