@@ -402,7 +402,23 @@ static void chain_on_second(mw_future_t *g, void *arg)
     chain_release(c);
 }
 
-static void chain_wait_second(struct chain *c);
+static void chain_wait_second(struct chain *c)
+{
+    int err;
+    struct mw__future *g = future_of(c->g, "mw_future_chain step", &err);
+    if (!g) {
+        c->g = NULL;              /* refused: not a reference we can drop */
+        mw_future_fail(c->r, err, "chain step returned an invalid future");
+        chain_release(c);
+    } else if (!g->ctx) {
+        mw_future_fail(c->r, -ESHUTDOWN, "chain step returned a detached future");
+        chain_release(c);
+    } else {
+        /* f's list let go of the node before this call: reuse it */
+        c->cb.fn = chain_on_second;
+        add_callback(g, &c->cb);
+    }
+}
 
 static void chain_on_first(mw_future_t *f, void *arg)
 {
@@ -420,24 +436,6 @@ static void chain_on_first(mw_future_t *f, void *arg)
         chain_release(c);
     } else {
         chain_wait_second(c);
-    }
-}
-
-static void chain_wait_second(struct chain *c)
-{
-    int err;
-    struct mw__future *g = future_of(c->g, "mw_future_chain step", &err);
-    if (!g) {
-        c->g = NULL;              /* refused: not a reference we can drop */
-        mw_future_fail(c->r, err, "chain step returned an invalid future");
-        chain_release(c);
-    } else if (!g->ctx) {
-        mw_future_fail(c->r, -ESHUTDOWN, "chain step returned a detached future");
-        chain_release(c);
-    } else {
-        /* f's list let go of the node before this call: reuse it */
-        c->cb.fn = chain_on_second;
-        add_callback(g, &c->cb);
     }
 }
 
