@@ -21,6 +21,10 @@
  *                                      launcher's job (mw_comm_create_env);
  *                                      MW_ALLREDUCE_ALGO picks allreduce's
  *                                      algorithm
+ *   mwbench futures [N]               the future API alone, no RDMA: N futures
+ *                                      made, given a callback, resolved and
+ *                                      released (default 2,000,000), and the
+ *                                      cost of one handle lookup
  *
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
@@ -623,6 +627,65 @@ static int coll_bench(int argc, char **argv)
     return addr ? coll_local(addr, nranks, op, nsizes, sizes) : coll_rank(op, nsizes, sizes);
 }
 
+/* --- futures: the API's own cost, no RDMA ---------------------------------- */
+
+#define FWAVE 1000
+
+static void count_done(mw_future_t *f, void *arg)
+{
+    (void)f;
+    (*(long *)arg)++;
+}
+
+static void end_turn(mw_future_t *f, void *arg)
+{
+    (void)f;
+    mw_future_resolve(arg, NULL);
+}
+
+/* One wave: FWAVE futures through their whole life; the loop then runs
+ * their callbacks (in order: the last one's ends the wave). */
+static void future_wave(mw_ctx_t *ctx, long *done)
+{
+    mw_future_t *turn = mw_future_new(ctx);
+    for (int j = 0; j < FWAVE; j++) {
+        mw_future_t *f = mw_future_new(ctx);
+        mw_future_then(f, count_done, done);
+        if (j == FWAVE - 1)
+            mw_future_then(f, end_turn, turn);
+        mw_future_resolve(f, NULL);
+        mw_future_unref(f);
+    }
+    wait_or_die(turn, "wave");
+}
+
+static int futures_bench(long n)
+{
+    mw_ctx_t *ctx;
+    int rc = mw_ctx_new(&ctx, NULL, NULL);
+    if (rc)
+        die("mw_ctx_new", rc, NULL);
+    long done = 0, waves = n < FWAVE ? 1 : n / FWAVE;
+    double t0 = now(), c0 = cpu();
+    for (long w = 0; w < waves; w++)
+        future_wave(ctx, &done);
+    double t = now() - t0, cs = cpu() - c0;
+    if (done != waves * FWAVE)
+        die("callbacks", -EPROTO, NULL);
+    printf("futures %ld  ns_per_future %.1f  cpu_s %.3f\n", done, t / done * 1e9, cs);
+    /* a lookup alone: the state of one pending future, many times */
+    mw_future_t *f = mw_future_new(ctx);
+    long sum = 0, lookups = waves * FWAVE * 4;
+    t0 = now();
+    for (long i = 0; i < lookups; i++)
+        sum += mw_future_state(f);
+    t = now() - t0;
+    printf("lookups %ld  ns_per_lookup %.2f  (state sum %ld)\n", lookups, t / lookups * 1e9, sum);
+    mw_future_unref(f);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -638,8 +701,11 @@ int main(int argc, char **argv)
         return coll_bench(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "lat"))
         return lat_bench(argv[2], argc - 3, argv + 3);
+    if (argc >= 2 && argc <= 3 && !strcmp(argv[1], "futures"))
+        return futures_bench(argc == 3 ? atol(argv[2]) : 2000000);
     fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
                     "       mwbench lat ADDR [SIZE...]\n"
-                    "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n");
+                    "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n"
+                    "       mwbench futures [N]\n");
     return 2;
 }
