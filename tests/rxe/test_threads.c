@@ -2,7 +2,8 @@
  * hands writes (and reads back) to the loop thread with mw_ctx_call and
  * waits on its own thread for the result, while the main thread only runs
  * the loop.  Every byte is checked; the thread sanitizer runs it too
- * (scripts/test tsan). */
+ * (scripts/test tsan).  And calls on a connection or listener from another
+ * thread are refused. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -149,12 +150,63 @@ static void four_threads_write_and_read(void **state)
     mw_ctx_free(ctx);
 }
 
+struct off_thread {
+    mw_conn_t *c;
+    mw_listener_t *l;
+    uint8_t *buf;
+    int send_errno, abort, stats, export, port;
+};
+
+static void *touch_off_thread(void *arg)
+{
+    struct off_thread *o = arg;
+    mw_conn_stats_t st;
+    mw_remote_t r;
+    errno = 0;
+    if (!mw_send(o->c, "x", 1))
+        o->send_errno = errno;
+    o->abort = mw_conn_abort(o->c);
+    o->stats = mw_conn_stats(o->c, &st);
+    o->export = mw_mem_export(o->c, o->buf, 4096, &r);
+    o->port = mw_listener_port(o->l);
+    return NULL;
+}
+
+/* Connections and listeners belong to the loop thread: from another thread
+ * each call is refused with EPERM and changes nothing. */
+static void calls_off_the_loop_thread_are_refused(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct rxe_server s;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    rxe_server_start(&s, ctx, "*", NULL);
+    mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);
+    rxe_wait_accepted(&s, 1);
+    struct off_thread o = {.c = c, .l = s.l, .buf = mw_alloc(ctx, 4096)};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, touch_off_thread, &o), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(o.send_errno, EPERM);
+    assert_int_equal(o.abort, -EPERM);
+    assert_int_equal(o.stats, -EPERM);
+    assert_int_equal(o.export, -EPERM);
+    assert_int_equal(o.port, -EPERM);
+    assert_int_equal(mw_listener_port(s.l), s.port);
+    rxe_round_trip(c, s.conns[0]);              /* not aborted: still works */
+    mw_free(ctx, o.buf);
+    rxe_close_conn(c);
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     rxe_require(2, addrs);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(four_threads_write_and_read),
+        cmocka_unit_test(calls_off_the_loop_thread_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
