@@ -235,6 +235,9 @@ void mw__msg_free_buffers(struct mw__conn *c);
 /* Established: take what arrived before (on the next loop turn, so an
  * accepted connection is handed over first). */
 void mw__msg_established(struct mw__conn *c);
+/* Take them now: the connection is about to fail (the peer left right
+ * after establishment), and what it sent before still counts. */
+void mw__msg_take_early(struct mw__conn *c);
 void mw__probe_arm(struct mw__conn *c);            /* keepalive: see msg.c */
 
 #endif

@@ -302,6 +302,8 @@ void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what)
         mw__cq_drain_now(c->dev->cq);
     if (c->state == MW__CONN_FREED)
         return;
+    if (c->nearly)
+        mw__msg_take_early(c);
     /* The peer's disconnect leaves our QP as it was: move it to the error
      * state ourselves, so the receives still posted come back as flushes. */
     disconnect(c);

@@ -257,14 +257,20 @@ static void keep_early(struct mw__conn *c, unsigned i)
     }
 }
 
-static void take_early(struct mw__task *t)
+void mw__msg_take_early(struct mw__conn *c)
 {
-    struct mw__conn *c = mw__container_of(t, struct mw__conn, early_task);
-    for (unsigned k = 0; k < c->nearly; k++)
+    mw__defer_cancel(c->ctx, &c->early_task);
+    unsigned n = c->nearly;
+    c->nearly = 0;
+    for (unsigned k = 0; k < n; k++)
         if (c->state == MW__CONN_ESTABLISHED || c->state == MW__CONN_CLOSING)
             take_slot(c, c->early[k]);
-    c->nearly = 0;
     after_taking(c);
+}
+
+static void take_early(struct mw__task *t)
+{
+    mw__msg_take_early(mw__container_of(t, struct mw__conn, early_task));
 }
 
 void mw__msg_established(struct mw__conn *c)

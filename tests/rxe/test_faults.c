@@ -73,7 +73,8 @@ static int raw_server(const char *addr, const char *port, const char *kind)
 }
 
 /* Kind "burst": one good 3-fragment message, sent the moment the connect
- * returns (likely before the server has handled its own establishment). */
+ * returns (likely before the server has handled its own establishment);
+ * "burst-close" disconnects right after it. */
 static int send_burst(struct rdma_cm_id *id, uint8_t *buf, size_t cap)
 {
     struct ibv_mr *mr = rdma_reg_msgs(id, buf, cap);
@@ -128,10 +129,12 @@ static int raw_client(const char *addr, const char *port, const char *kind)
         return 3;
     }
     static uint8_t buf[256];
-    if (!strcmp(kind, "burst")) {
+    if (!strncmp(kind, "burst", 5)) {
         int rc = send_burst(id, buf, sizeof buf);
         if (rc)
             return rc;
+        if (!strcmp(kind, "burst-close"))
+            rdma_disconnect(id);
         for (;;)
             pause();
     }
@@ -483,7 +486,8 @@ static void malformed_fragments_are_refused_and_counted(void **state)
 
 /* A peer that sends the moment it is connected: its fragments may complete
  * before this side has handled its own establishment.  They wait, in
- * order, and the message arrives whole (10 connections). */
+ * order, and the message arrives whole, also when the peer disconnects
+ * right after (10 connections, every other one closed so). */
 static void fragments_sent_at_once_arrive_whole(void **state)
 {
     (void)state;
@@ -496,8 +500,9 @@ static void fragments_sent_at_once_arrive_whole(void **state)
         struct accepted a = {0};
         mw_listener_t *l;
         assert_int_equal(mw_listen(ctx, la, NULL, keep_accepted, &a, &l), 0);
-        pid_t pid = spawn_client("burst", port);
-        wait_raw_accepted(ctx, l, &a, pid, "burst");
+        const char *kind = k % 2 ? "burst-close" : "burst";
+        pid_t pid = spawn_client(kind, port);
+        wait_raw_accepted(ctx, l, &a, pid, kind);
         mw_future_t *r = mw_recv(a.c);
         mw_future_set_timeout(r, 10000);
         assert_int_equal(mw_wait(r), 0);
