@@ -5,10 +5,10 @@
  * otherwise; mw_strerror() names the error.  Unless stated, functions are to
  * be called from the thread that runs the context's event loop.
  *
- * Handles.  Futures, connections, listeners and communicators are handles,
- * not addresses.  Once released (a future's last unref, mw_conn_close or
- * mw_conn_abort, mw_listener_free, mw_comm_free, or the context's teardown
- * for what it owns) a handle is refused by every call with -ESTALE
+ * Handles.  Futures, connections, listeners, communicators and
+ * registrations (mw_reg) are handles, not addresses.  Once released (a
+ * future's last unref, mw_conn_close or mw_conn_abort, mw_listener_free,
+ * mw_comm_free, mw_dereg, or the context's teardown for what it owns) a handle is refused by every call with -ESTALE
  * (functions returning a pointer: NULL with errno ESTALE) and an error in
  * the log, even after its memory has been reused: a handle value is never
  * issued twice.  A handle of another kind gets -EINVAL; a call from a
@@ -84,7 +84,10 @@ MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
  * mw_ctx_free() - release everything the context created, in order.
  * Futures still pending fail with -ECANCELED and their callbacks run before
  * this returns; futures the caller still holds stay valid until unreferenced.
- * Memory from mw_alloc() must have been freed.  A caller's base is not freed.
+ * Memory from mw_alloc() must have been freed, and communicators with it
+ * (mw_comm_free: their scratch is such memory).  Connections, listeners and
+ * registrations still held are released: their handles turn stale.  A
+ * caller's base is not freed.
  * Not to be called from inside a meshwire callback.
  */
 MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);
@@ -269,7 +272,8 @@ typedef struct mw_mr mw_mr_t;
  */
 MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
 
-/** mw_dereg() - drop a registration from mw_reg(). */
+/** mw_dereg() - drop a registration from mw_reg().  Return: 0, -ESTALE when
+ *  already dropped, -EINVAL for NULL or another context's registration. */
 MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
 
 /* ------------------------------------------------------------------------

@@ -76,7 +76,7 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp
     struct mw__conn *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
-    if (!(c->h = mw__handle_new(MW__H_CONN, c))) {
+    if (!(c->h = mw__handle_new(MW__H_CONN, c, mw__loop_thread(ctx)))) {
         free(c);
         return -ENOMEM;
     }
@@ -377,14 +377,7 @@ static void on_close_timeout(struct mw__conn *c)
 
 struct mw__conn *mw__conn_of(const mw_conn_t *h, const char *fn, int *err)
 {
-    struct mw__conn *c = mw__handle_get(MW__HANDLE(h), MW__H_CONN, fn, err);
-    if (c && !mw__on_loop_thread(c->ctx)) {
-        MW_LOG(c->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
-               "connection's loop", fn);
-        *err = -EPERM;
-        return NULL;
-    }
-    return c;
+    return mw__handle_get(MW__HANDLE(h), MW__H_CONN, fn, err);
 }
 
 mw_conn_t *mw__conn_handle(const struct mw__conn *c)

@@ -53,7 +53,7 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     if (!l)
         return -ENOMEM;
     *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
-    if (!(l->h = mw__handle_new(MW__H_LISTENER, l))) {
+    if (!(l->h = mw__handle_new(MW__H_LISTENER, l, mw__loop_thread(ctx)))) {
         free(l);
         return -ENOMEM;
     }
@@ -76,14 +76,7 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
 
 struct mw__listener *mw__listener_of(const mw_listener_t *h, const char *fn, int *err)
 {
-    struct mw__listener *l = mw__handle_get(MW__HANDLE(h), MW__H_LISTENER, fn, err);
-    if (l && !mw__on_loop_thread(l->ctx)) {
-        MW_LOG(l->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
-               "listener's loop", fn);
-        *err = -EPERM;
-        return NULL;
-    }
-    return l;
+    return mw__handle_get(MW__HANDLE(h), MW__H_LISTENER, fn, err);
 }
 
 int mw_listener_port(const mw_listener_t *h)

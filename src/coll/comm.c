@@ -32,14 +32,7 @@ void mw_comm_opts_init(mw_comm_opts_t *o)
 
 struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err)
 {
-    struct mw__comm *comm = mw__handle_get(MW__HANDLE(h), MW__H_COMM, fn, err);
-    if (comm && !mw__on_loop_thread(comm->ctx)) {
-        MW_LOG(comm->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
-               "communicator's loop", fn);
-        *err = -EPERM;
-        return NULL;
-    }
-    return comm;
+    return mw__handle_get(MW__HANDLE(h), MW__H_COMM, fn, err);
 }
 
 static mw_comm_t *handle_of(const struct mw__comm *comm)
@@ -430,7 +423,7 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
         }
     struct mw__comm *comm = calloc(1, sizeof *comm);
     if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers)) ||
-        !(comm->h = mw__handle_new(MW__H_COMM, comm))) {
+        !(comm->h = mw__handle_new(MW__H_COMM, comm, mw__loop_thread(ctx)))) {
         if (comm)
             free(comm->peers);
         free(comm);

@@ -63,6 +63,8 @@ int mw__watch_fd(mw_ctx_t *ctx, int fd);
 void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
 /* mw__on_loop_thread() - is the caller the context's loop thread? */
 bool mw__on_loop_thread(const mw_ctx_t *ctx);
+/* mw__loop_thread() - that thread as handles record their owner. */
+uint64_t mw__loop_thread(const mw_ctx_t *ctx);
 /* mw__loop_kick() - after event_active() from outside the loop. */
 void mw__loop_kick(mw_ctx_t *ctx);
 int mw__loop_new(mw_ctx_t *ctx);

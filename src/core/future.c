@@ -53,14 +53,7 @@ static mw_future_t *handle_of(const struct mw__future *f)
  * (NULL), -ESTALE (released), -EPERM (not its context's loop thread). */
 static struct mw__future *future_of(const mw_future_t *h, const char *fn, int *err)
 {
-    struct mw__future *f = mw__handle_get(MW__HANDLE(h), MW__H_FUTURE, fn, err);
-    if (f && f->ctx && !mw__on_loop_thread(f->ctx)) {
-        MW_LOG(f->ctx, MW_LOG_ERROR, "%s: called from a thread that does not run the "
-               "future's loop", fn);
-        *err = -EPERM;
-        return NULL;
-    }
-    return f;
+    return mw__handle_get(MW__HANDLE(h), MW__H_FUTURE, fn, err);
 }
 
 /* ------------------------------------------------------------------------
@@ -80,7 +73,7 @@ mw_future_t *mw_future_new(mw_ctx_t *ctx)
     struct mw__future *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
-    if (!(f->h = mw__handle_new(MW__H_FUTURE, f))) {
+    if (!(f->h = mw__handle_new(MW__H_FUTURE, f, mw__loop_thread(ctx)))) {
         free(f);
         return NULL;
     }
@@ -107,8 +100,10 @@ mw_future_t *mw_future_ref(mw_future_t *h)
 {
     int err;
     struct mw__future *f = future_of(h, __func__, &err);
-    if (!f)
+    if (!f) {
+        errno = -err;
         return NULL;
+    }
     future_ref(f);
     return h;
 }
@@ -444,7 +439,7 @@ mw_future_t *mw_future_chain(mw_future_t *h, mw_chain_fn fn, void *arg)
     int err;
     struct mw__future *f = future_of(h, __func__, &err);
     if (!f || !fn || !f->ctx) {
-        errno = f ? EINVAL : -err;
+        errno = !f ? -err : !fn ? EINVAL : ESHUTDOWN;
         return NULL;
     }
     struct chain *c = calloc(1, sizeof *c);

@@ -26,8 +26,10 @@ struct hslot {
     _Atomic uint32_t gen;         /* odd while live, even while free */
     _Atomic uint32_t kind;
     _Atomic(void *) obj;
+    _Atomic uint64_t owner;       /* the only thread that may use it; 0: any */
     uint32_t next_free;           /* under the lock */
 };
+_Static_assert(sizeof(pthread_t) <= sizeof(uint64_t), "a thread fits a slot's owner");
 
 static _Atomic(struct hslot *) dir[MAX_CHUNKS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -39,6 +41,7 @@ static const char *const kind_names[] = {
     [MW__H_CONN] = "connection",
     [MW__H_LISTENER] = "listener",
     [MW__H_COMM] = "communicator",
+    [MW__H_MR] = "registration",
 };
 
 static struct hslot *slot_at(uint32_t idx)
@@ -67,7 +70,12 @@ static bool grow(void)
     return true;
 }
 
-uint64_t mw__handle_new(enum mw__handle_kind kind, void *obj)
+uint64_t mw__thread_self(void)
+{
+    return (uint64_t)pthread_self();
+}
+
+uint64_t mw__handle_new(enum mw__handle_kind kind, void *obj, uint64_t owner)
 {
     pthread_mutex_lock(&lock);
     if (free_head == NONE && !grow()) {
@@ -77,8 +85,12 @@ uint64_t mw__handle_new(enum mw__handle_kind kind, void *obj)
     uint32_t idx = free_head;
     struct hslot *s = slot_at(idx);
     free_head = s->next_free;
+    /* A reader that sees these new values must also see the generation
+     * the last release left (see mw__handle_get). */
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&s->kind, kind, memory_order_relaxed);
     atomic_store_explicit(&s->obj, obj, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, owner, memory_order_relaxed);
     /* even -> odd: live; publishes kind and obj to lock-free readers */
     uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, gen, memory_order_release);
@@ -112,30 +124,49 @@ void mw__handle_release(uint64_t h)
     pthread_mutex_unlock(&lock);
 }
 
+/* The slot's contents as of generation @gen, or false when it does not
+ * hold that generation for the whole read (released or reused meanwhile,
+ * which only a thread other than the owner can see). */
+static bool read_slot(struct hslot *s, uint32_t gen, uint32_t *kind, void **obj,
+                      uint64_t *owner)
+{
+    if (atomic_load_explicit(&s->gen, memory_order_acquire) != gen)
+        return false;
+    *kind = atomic_load_explicit(&s->kind, memory_order_relaxed);
+    *obj = atomic_load_explicit(&s->obj, memory_order_relaxed);
+    *owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(&s->gen, memory_order_relaxed) == gen && *obj;
+}
+
 void *mw__handle_get(uint64_t h, enum mw__handle_kind kind, const char *fn, int *err)
 {
     if (!h) {
         *err = -EINVAL;
         return NULL;
     }
-    uint32_t idx = (uint32_t)h, gen = (uint32_t)(h >> 32);
+    uint32_t idx = (uint32_t)h, gen = (uint32_t)(h >> 32), k;
+    uint64_t owner;
+    void *obj;
     struct hslot *s = slot_at(idx);
-    if (!s || !(gen & 1) || atomic_load_explicit(&s->gen, memory_order_acquire) != gen) {
+    if (!s || !(gen & 1) || !read_slot(s, gen, &k, &obj, &owner)) {
         *err = -ESTALE;
         mw__log(NULL, MW_LOG_ERROR, "%s: not a live %s (released already, or never one): "
                 "handle %#llx", fn, kind_names[kind], (unsigned long long)h);
         return NULL;
     }
-    uint32_t k = atomic_load_explicit(&s->kind, memory_order_relaxed);
     if (k != kind) {
         *err = -EINVAL;
         mw__log(NULL, MW_LOG_ERROR, "%s: handle %#llx is a %s, not a %s", fn,
                 (unsigned long long)h, kind_names[k], kind_names[kind]);
         return NULL;
     }
-    void *obj = atomic_load_explicit(&s->obj, memory_order_relaxed);
-    if (!obj)                     /* released by another thread meanwhile */
-        *err = -ESTALE;
+    if (owner && owner != mw__thread_self()) {
+        *err = -EPERM;
+        mw__log(NULL, MW_LOG_ERROR, "%s: called from a thread that does not run the %s's "
+                "loop (use mw_ctx_post or mw_ctx_call)", fn, kind_names[kind]);
+        return NULL;
+    }
     return obj;
 }
 

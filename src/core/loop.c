@@ -130,6 +130,11 @@ bool mw__on_loop_thread(const mw_ctx_t *ctx)
     return !ctx->loop || pthread_equal(pthread_self(), ctx->loop->owner);
 }
 
+uint64_t mw__loop_thread(const mw_ctx_t *ctx)
+{
+    return ctx->loop ? (uint64_t)ctx->loop->owner : 0;
+}
+
 void mw__loop_kick(mw_ctx_t *ctx)
 {
     struct mw__loop *l = ctx->loop;

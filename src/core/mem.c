@@ -19,6 +19,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "core/handle.h"
 #include "core/region.h"
 
 /* A mw_reg() region. */
@@ -34,7 +35,8 @@ struct ureg {
 
 /* A mw_reg() handle: one per call, so each mw_dereg() drops exactly the
  * reference its mw_reg() took, whichever region served it. */
-struct mw_mr {
+struct mw__mr {
+    uint64_t h;                /* what the caller holds (core/handle.h) */
     struct mw__mem *mem;
     struct ureg *reg;
     void *addr;                /* the caller's exact range */
@@ -100,8 +102,9 @@ static void release_uregs(struct mw__mem *m)
 {
     size_t held = 0;
     while (!mw__list_empty(&m->handles)) {
-        struct mw_mr *h = mw__container_of(m->handles.next, struct mw_mr, link);
+        struct mw__mr *h = mw__container_of(m->handles.next, struct mw__mr, link);
         mw__list_del(&h->link);
+        mw__handle_release(h->h);
         free(h);
         held++;
     }
@@ -265,9 +268,12 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
         __builtin_add_overflow(start, len, &end))
         return -EINVAL;
     struct mw__mem *m = ctx->mem;
-    struct mw_mr *h = calloc(1, sizeof *h);
-    if (!h)
+    struct mw__mr *h = calloc(1, sizeof *h);
+    uint64_t hv = h ? mw__handle_new(MW__H_MR, h, mw__loop_thread(ctx)) : 0;
+    if (!hv) {
+        free(h);
         return -ENOMEM;
+    }
     /* Memory from mw_alloc is registered for as long as it lives: a handle
      * with nothing behind it.  (Collectives mw_reg their buffers on every
      * call; registering arena memory again cost two ioctls and page pinning
@@ -279,24 +285,32 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
     } else {
         int rc = ureg_new(m, start, end, &u);
         if (rc < 0) {
+            mw__handle_release(hv);
             free(h);
             return rc;
         }
     }
     if (u)
         u->refs++;
-    *h = (struct mw_mr){.mem = m, .reg = u, .addr = addr, .len = len};
+    *h = (struct mw__mr){.h = hv, .mem = m, .reg = u, .addr = addr, .len = len};
     mw__list_add_tail(&m->handles, &h->link);
-    *mrp = h;
+    *mrp = MW__HANDLE_PTR(mw_mr_t, hv);
     return 0;
 }
 
-int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr)
+int mw_dereg(mw_ctx_t *ctx, mw_mr_t *handle)
 {
-    if (!ctx || !mr || !ctx->mem || mr->mem != ctx->mem)
+    int err;
+    if (!ctx || !handle || !ctx->mem)
         return -EINVAL;
+    struct mw__mr *mr = mw__handle_get(MW__HANDLE(handle), MW__H_MR, __func__, &err);
+    if (!mr)
+        return err;
+    if (mr->mem != ctx->mem)
+        return -EINVAL;               /* another context's */
     struct ureg *u = mr->reg;
     mw__list_del(&mr->link);
+    mw__handle_release(mr->h);
     free(mr);
     return u ? ureg_put(ctx->mem, u) : 0;
 }

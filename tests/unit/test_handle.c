@@ -1,6 +1,6 @@
 /* The handle table: lookups by kind, released and foreign values refused,
- * generations retired before they could wrap, and threads handing out and
- * releasing handles at once.  Built with MW__HANDLE_GEN_MAX 7, so a slot
+ * the owner thread only, generations retired before they could wrap, and
+ * threads handing out and releasing handles at once.  Built with MW__HANDLE_GEN_MAX 7, so a slot
  * retires after 4 uses instead of 2^31. */
 #include <errno.h>
 #include <pthread.h>
@@ -18,7 +18,7 @@ static void lookup_by_kind(void **state)
 {
     (void)state;
     int err = 0;
-    uint64_t h = mw__handle_new(MW__H_CONN, &a);
+    uint64_t h = mw__handle_new(MW__H_CONN, &a, 0);
     assert_int_not_equal(h, 0);
     assert_ptr_equal(mw__handle_get(h, MW__H_CONN, "test", &err), &a);
     assert_null(mw__handle_get(h, MW__H_FUTURE, "test", &err));
@@ -38,7 +38,7 @@ static void foreign_values_are_stale(void **state)
 {
     (void)state;
     int err = 0;
-    uint64_t h = mw__handle_new(MW__H_FUTURE, &a);
+    uint64_t h = mw__handle_new(MW__H_FUTURE, &a, 0);
     uint64_t bad[] = {h + (1ull << 32), h | 0xffffffffull, (uint64_t)(uintptr_t)&a,
                       UINT64_MAX};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -49,6 +49,41 @@ static void foreign_values_are_stale(void **state)
     mw__handle_release(h);
 }
 
+struct lookup {
+    uint64_t h;
+    void *obj;
+    int err;
+};
+
+static void *lookup_elsewhere(void *arg)
+{
+    struct lookup *l = arg;
+    l->obj = mw__handle_get(l->h, MW__H_LISTENER, "test", &l->err);
+    return NULL;
+}
+
+/* A handle owned by this thread is refused (-EPERM) from another one; one
+ * made for any thread is not. */
+static void owner_thread_only(void **state)
+{
+    (void)state;
+    int err;
+    struct lookup mine = {.h = mw__handle_new(MW__H_LISTENER, &a, mw__thread_self())};
+    struct lookup any = {.h = mw__handle_new(MW__H_LISTENER, &b, 0)};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, lookup_elsewhere, &mine), 0);
+    pthread_join(t, NULL);
+    assert_null(mine.obj);
+    assert_int_equal(mine.err, -EPERM);
+    assert_ptr_equal(mw__handle_get(mine.h, MW__H_LISTENER, "test", &err), &a);
+    assert_int_equal(pthread_create(&t, NULL, lookup_elsewhere, &any), 0);
+    pthread_join(t, NULL);
+    assert_ptr_equal(any.obj, &b);
+    mw__handle_release(mine.h);
+    mw__handle_release(any.h);
+    assert_int_equal(mw__handles_live(), 0);
+}
+
 /* With GEN_MAX 7 a slot carries generations up to 7 and then retires:
  * no handle value is ever issued twice. */
 static void generations_retire_instead_of_wrapping(void **state)
@@ -56,7 +91,7 @@ static void generations_retire_instead_of_wrapping(void **state)
     (void)state;
     int err;
     uint64_t retired = mw__handles_retired();
-    uint64_t h = mw__handle_new(MW__H_FUTURE, &a);
+    uint64_t h = mw__handle_new(MW__H_FUTURE, &a, 0);
     uint32_t idx = (uint32_t)h;
     uint64_t seen[4];
     int n = 0;
@@ -66,7 +101,7 @@ static void generations_retire_instead_of_wrapping(void **state)
         mw__handle_release(h);
         for (int j = 0; j < n; j++)
             assert_null(mw__handle_get(seen[j], MW__H_FUTURE, "test", &err));
-        h = mw__handle_new(MW__H_FUTURE, &b);
+        h = mw__handle_new(MW__H_FUTURE, &b, 0);
         for (int j = 0; j < n; j++)
             assert_true(h != seen[j]);
     }
@@ -87,7 +122,7 @@ static void *churn(void *arg)
     uintptr_t bad = 0;
     int err;
     for (int i = 0; i < ROUNDS; i++) {
-        uint64_t h = mw__handle_new(MW__H_COMM, arg);
+        uint64_t h = mw__handle_new(MW__H_COMM, arg, mw__thread_self());
         if (!h || mw__handle_get(h, MW__H_COMM, "test", &err) != arg)
             bad++;
         mw__handle_release(h);
@@ -117,6 +152,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lookup_by_kind),
         cmocka_unit_test(foreign_values_are_stale),
+        cmocka_unit_test(owner_thread_only),
         cmocka_unit_test(generations_retire_instead_of_wrapping),
         cmocka_unit_test(threads_share_the_table),
     };

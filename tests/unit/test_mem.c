@@ -339,6 +339,31 @@ static void dereg_once_per_registration(void **state)
     assert_int_equal(mw_dereg(e->ctx, NULL), -EINVAL);
 }
 
+/* A registration dropped twice, another context's, or something else's
+ * handle: refused, and the registrations still held are untouched. */
+static void dereg_refuses_what_it_does_not_hold(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *a, *b;
+    assert_int_equal(mw_reg(e->ctx, buf, 4096, &a), 0);
+    assert_int_equal(mw_reg(e->ctx, buf, 4096, &b), 0);
+    assert_int_equal(mw_dereg(e->ctx, a), 0);
+    assert_int_equal(mw_dereg(e->ctx, a), -ESTALE);          /* twice */
+    assert_int_equal(e->fake.deregs, 0);                     /* b still holds it */
+    mw_ctx_t *other;
+    assert_int_equal(mw_ctx_new(&other, NULL, NULL), 0);
+    assert_int_equal(mw_dereg(other, b), -EINVAL);           /* not its own */
+    mw_future_t *f = mw_future_new(e->ctx);
+    assert_int_equal(mw_dereg(e->ctx, (mw_mr_t *)f), -EINVAL);
+    assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);
+    mw_future_unref(f);
+    mw_ctx_free(other);
+    assert_int_equal(keys_rc(e, &e->dev[0], buf, 4096), 0);  /* still registered */
+    assert_int_equal(mw_dereg(e->ctx, b), 0);
+    assert_int_equal(e->fake.deregs, 1);
+}
+
 static void keys_lookup_rules(void **state)
 {
     struct env *e = *state;
@@ -622,6 +647,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(reg_subrange_hits_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(reg_overlap_registers_union, setup, teardown),
         cmocka_unit_test_setup_teardown(dereg_once_per_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(dereg_refuses_what_it_does_not_hold, setup, teardown),
         cmocka_unit_test_setup_teardown(keys_lookup_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(reg_rejects_bad_args, setup, teardown),
         cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup, teardown),
