@@ -84,10 +84,10 @@ MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
  * mw_ctx_free() - release everything the context created, in order.
  * Futures still pending fail with -ECANCELED and their callbacks run before
  * this returns; futures the caller still holds stay valid until unreferenced.
- * Memory from mw_alloc() must have been freed, and communicators with it
- * (mw_comm_free: their scratch is such memory).  Connections, listeners and
- * registrations still held are released: their handles turn stale.  A
- * caller's base is not freed.
+ * Memory from mw_alloc() must have been freed.  Communicators, connections,
+ * listeners and registrations still held are released (a communicator
+ * still forming fails -ECANCELED): their handles turn stale.  A caller's
+ * base is not freed.
  * Not to be called from inside a meshwire callback.
  */
 MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);

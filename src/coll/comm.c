@@ -289,6 +289,7 @@ struct connecting {
     int rank;
     char addr[256];
     struct event *retry;
+    struct mw__list link;         /* in comm->retrying while its timer is armed */
 };
 
 static void try_connect(struct connecting *k);
@@ -329,6 +330,7 @@ static void on_connected(mw_future_t *f, void *arg)
         }
     } else if (comm->create_f && !comm->freed) {   /* not up yet: again shortly */
         MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
+        mw__list_add_tail(&comm->retrying, &k->link);
         struct timeval tv = {0, RETRY_MS * 1000};
         mw__ev_add(comm->ctx, k->retry, &tv);
         mw_future_unref(f);
@@ -344,7 +346,22 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    try_connect(arg);
+    struct connecting *k = arg;
+    mw__list_del(&k->link);
+    try_connect(k);
+}
+
+/* A freed communicator retries nothing; a timer armed at the context's
+ * teardown would never fire to let go of its record. */
+static void drop_retries(struct mw__comm *comm)
+{
+    while (!mw__list_empty(&comm->retrying)) {
+        struct connecting *k = mw__container_of(comm->retrying.next, struct connecting, link);
+        mw__list_del(&k->link);
+        event_free(k->retry);
+        free(k);
+        mw__comm_unref(comm);     /* the owner's reference is still held */
+    }
 }
 
 static void try_connect(struct connecting *k)
@@ -406,6 +423,68 @@ static int start(struct mw__comm *comm, const char *const *peers)
     return mw__ev_add(comm->ctx, comm->deadline, &tv);
 }
 
+/* --- the layer: communicators not yet freed ------------------------------- */
+
+struct colls {
+    struct mw__list comms;
+};
+
+static void comm_close(struct mw__comm *comm, const char *why)
+{
+    mw__comm_ref(comm);           /* failing a creation releases it already */
+    mw__comm_fail(comm, -ECANCELED, "%s", why);
+    if (!comm->freed)
+        release(comm);
+    mw__comm_unref(comm);
+}
+
+static void colls_teardown(mw_ctx_t *ctx, void *state)
+{
+    struct colls *cl = state;
+    while (!mw__list_empty(&cl->comms))       /* release() unlinks each */
+        comm_close(mw__container_of(cl->comms.next, struct mw__comm, link), "context closed");
+    free(cl);
+    ctx->layers[MW__LAYER_COLL] = (struct mw__layer){0};
+}
+
+static struct colls *colls_get(mw_ctx_t *ctx)
+{
+    struct colls *cl = ctx->layers[MW__LAYER_COLL].state;
+    if (!cl && (cl = calloc(1, sizeof *cl))) {
+        mw__list_init(&cl->comms);
+        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){cl, colls_teardown};
+    }
+    return cl;
+}
+
+/* A communicator with its owner's reference and handle, in the layer's list. */
+static struct mw__comm *comm_new(mw_ctx_t *ctx, int rank, int nranks, const mw_comm_opts_t *opts)
+{
+    struct colls *cl = colls_get(ctx);
+    struct mw__comm *comm = cl ? calloc(1, sizeof *comm) : NULL;
+    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers)) ||
+        !(comm->h = mw__handle_new(MW__H_COMM, comm, mw__loop_thread(ctx)))) {
+        if (comm)
+            free(comm->peers);
+        free(comm);
+        return NULL;
+    }
+    comm->ctx = ctx;
+    comm->refs = 1;               /* the owner's, once the future hands it over */
+    comm->rank = rank;
+    comm->nranks = nranks;
+    if (opts)
+        comm->opts = *opts;
+    else
+        mw_comm_opts_init(&comm->opts);
+    mw__list_init(&comm->colls);
+    mw__list_init(&comm->retrying);
+    mw__list_add_tail(&cl->comms, &comm->link);
+    for (int r = 0; r < nranks; r++)
+        comm->peers[r] = (struct mw__peer){.comm = comm, .rank = r};
+    return comm;
+}
+
 mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *const *peers,
                             const mw_comm_opts_t *opts)
 {
@@ -421,26 +500,11 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
             mw_future_fail(f, -EINVAL, "no address for rank %d", r);
             return f;
         }
-    struct mw__comm *comm = calloc(1, sizeof *comm);
-    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers)) ||
-        !(comm->h = mw__handle_new(MW__H_COMM, comm, mw__loop_thread(ctx)))) {
-        if (comm)
-            free(comm->peers);
-        free(comm);
+    struct mw__comm *comm = comm_new(ctx, rank, nranks, opts);
+    if (!comm) {
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
     }
-    comm->ctx = ctx;
-    comm->refs = 1;               /* the owner's, once the future hands it over */
-    comm->rank = rank;
-    comm->nranks = nranks;
-    if (opts)
-        comm->opts = *opts;
-    else
-        mw_comm_opts_init(&comm->opts);
-    mw__list_init(&comm->colls);
-    for (int r = 0; r < nranks; r++)
-        comm->peers[r] = (struct mw__peer){.comm = comm, .rank = r};
     if (nranks == 1) {
         mw_future_resolve(f, handle_of(comm));
         return f;
@@ -460,6 +524,8 @@ static void release(struct mw__comm *comm)
     comm->freed = true;
     mw__handle_release(comm->h);  /* the owner's handle stops matching */
     comm->h = 0;
+    mw__list_del(&comm->link);
+    drop_retries(comm);
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
         if (p->watch) {
@@ -488,8 +554,6 @@ int mw_comm_free(mw_comm_t *h)
     struct mw__comm *comm = mw__comm_of(h, __func__, &err);
     if (!comm)
         return err;
-    mw__comm_fail(comm, -ECANCELED, "communicator freed");
-    if (!comm->freed)
-        release(comm);
+    comm_close(comm, "communicator freed");
     return 0;
 }

@@ -11,6 +11,10 @@
 
 struct mw__run;
 
+/* The collectives layer's slot in the context: communicators not yet
+ * freed, so that the context's teardown frees them too. */
+#define MW__LAYER_COLL 1
+
 /* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
  * slots round robin; RC delivers a connection's writes in order, so the
  * n-th chunk written is in slot n % slots at both ends, and an ack (a
@@ -36,6 +40,8 @@ struct mw__peer {
 struct mw__comm {
     uint64_t h;                   /* the owner's handle; 0 once freed */
     mw_ctx_t *ctx;
+    struct mw__list link;         /* in the layer's list until freed */
+    struct mw__list retrying;     /* connects waiting for their retry timer */
     int refs;                     /* the owner, and each callback in flight */
     bool freed;                   /* the owner let go: callbacks do nothing */
     int rank, nranks;

@@ -30,6 +30,7 @@
 
 #include "meshwire.h"
 #include "cm/wire.h"
+#include "core/handle.h"
 #include "rxe_util.h"
 
 extern char **environ;
@@ -484,6 +485,30 @@ static void malformed_fragments_are_refused_and_counted(void **state)
     mw_ctx_free(ctx);
 }
 
+/* The context is freed while a communicator forms: rank 1 is retrying its
+ * connect to a rank 0 that never comes.  The creation fails -ECANCELED,
+ * the retry timer and everything else go with the context (the sanitized
+ * runs check for leaks), and no handle is left live. */
+static void context_freed_while_a_communicator_forms(void **state)
+{
+    (void)state;
+    uint64_t before = mw__handles_live();
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    char p0[80], p1[80];
+    snprintf(p0, sizeof p0, "%s:%d", addrs[1], next_port());   /* nobody there */
+    snprintf(p1, sizeof p1, "%s:%d", addrs[1], next_port());
+    const char *peers[] = {p0, p1};
+    mw_future_t *cf = mw_comm_create(ctx, 1, 2, peers, NULL);
+    loop_for(ctx, 700);                                        /* a few retries */
+    assert_int_equal(mw_future_state(cf), MW_FUTURE_PENDING);
+    mw_ctx_free(ctx);
+    assert_int_equal(mw_future_error(cf), -ECANCELED);
+    printf("context freed while forming: %s\n", mw_future_message(cf));
+    assert_int_equal(mw_future_unref(cf), 0);
+    assert_int_equal(mw__handles_live(), before);
+}
+
 /* A peer that sends the moment it is connected: its fragments may complete
  * before this side has handled its own establishment.  They wait, in
  * order, and the message arrives whole, also when the peer disconnects
@@ -538,6 +563,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(client_killed_during_connect),
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
         cmocka_unit_test(fragments_sent_at_once_arrive_whole),
+        cmocka_unit_test(context_freed_while_a_communicator_forms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

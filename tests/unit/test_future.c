@@ -1142,6 +1142,25 @@ static void future_outliving_its_ctx_releases_its_handle(void **state)
     assert_int_equal(mw__handles_live(), before);
 }
 
+/* A communicator the caller never freed goes with its context, and its
+ * handle turns stale. */
+static void communicator_left_at_context_free_is_released(void **state)
+{
+    (void)state;
+    uint64_t before = mw__handles_live();
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    const char *peers[] = {"127.0.0.1:1"};
+    mw_future_t *cf = mw_comm_create(ctx, 0, 1, peers, NULL);
+    assert_int_equal(mw_wait(cf), 0);
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    mw_ctx_free(ctx);
+    assert_int_equal(mw_comm_rank(comm), -ESTALE);
+    assert_int_equal(mw_comm_free(comm), -ESTALE);
+    assert_int_equal(mw__handles_live(), before);
+}
+
 int main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -1187,6 +1206,7 @@ int main(void)
         T(foreign_handles_are_refused),
         T(future_touched_off_thread_is_refused),
         cmocka_unit_test(future_outliving_its_ctx_releases_its_handle),
+        cmocka_unit_test(communicator_left_at_context_free_is_released),
         cmocka_unit_test(ctx_free_fails_pending),
         cmocka_unit_test(future_made_during_teardown),
         cmocka_unit_test(callers_base),
