@@ -157,6 +157,16 @@ static void keep_accepted(mw_listener_t *l, mw_conn_t *c, void *arg)
     s->conns[s->n++] = c;
 }
 
+void rxe_keep_first(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    mw_conn_t **first = arg;
+    if (*first)
+        mw_conn_abort(c);
+    else
+        *first = c;
+}
+
 void rxe_server_start(struct rxe_server *s, mw_ctx_t *ctx, const char *addr,
                       const mw_conn_opts_t *o)
 {

@@ -55,6 +55,10 @@ void rxe_server_start(struct rxe_server *s, mw_ctx_t *ctx, const char *addr,
                       const mw_conn_opts_t *o);
 /* rxe_server_close() - close every accepted connection and the listener. */
 void rxe_server_close(struct rxe_server *s);
+/* An accept callback that keeps the first connection in *(mw_conn_t **)arg
+ * and aborts any later one. */
+void rxe_keep_first(mw_listener_t *l, mw_conn_t *c, void *arg);
+
 /* rxe_wait_accepted() - run the loop until @s accepted @n (fail after 10 s). */
 void rxe_wait_accepted(struct rxe_server *s, int n);
 

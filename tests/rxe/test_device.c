@@ -30,22 +30,12 @@ struct server {
     mw_conn_t *c;
 };
 
-static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
-{
-    (void)l;
-    struct server *s = arg;
-    if (s->c)
-        mw_conn_abort(c);
-    else
-        s->c = c;
-}
-
 static mw_conn_t *pair(mw_ctx_t *ctx, const char *addr, struct server *s)
 {
     char la[64], target[80];
     snprintf(la, sizeof la, "%s:0", addr);
     *s = (struct server){0};
-    assert_int_equal(mw_listen(ctx, la, NULL, on_accept, s, &s->l), 0);
+    assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &s->c, &s->l), 0);
     snprintf(target, sizeof target, "%s:%d", addr, mw_listener_port(s->l));
     mw_future_t *f = NULL;
     for (int i = 0; i < 50; i++) {            /* a re-added device takes a moment */

@@ -326,16 +326,6 @@ struct accepted {
     mw_conn_t *c;
 };
 
-static void keep_accepted(mw_listener_t *l, mw_conn_t *c, void *arg)
-{
-    (void)l;
-    struct accepted *a = arg;
-    if (a->c)
-        mw_conn_abort(c);
-    else
-        a->c = c;
-}
-
 /* The server dies between the connect request and its answer. */
 static void server_killed_during_connect(void **state)
 {
@@ -389,7 +379,7 @@ static void client_killed_during_connect(void **state)
     o.timeout_ms = 1000;
     struct accepted a = {0};
     mw_listener_t *l;
-    assert_int_equal(mw_listen(ctx, la, &o, keep_accepted, &a, &l), 0);
+    assert_int_equal(mw_listen(ctx, la, &o, rxe_keep_first, &a.c, &l), 0);
     mw_ctx_stats_t s0, s1;
     mw_ctx_stats(ctx, &s0);
     pid_t pid = spawn_client("die", port);
@@ -463,7 +453,7 @@ static void malformed_fragments_are_refused_and_counted(void **state)
         snprintf(la, sizeof la, "%s:%d", addrs[1], port);
         struct accepted a = {0};
         mw_listener_t *l;
-        assert_int_equal(mw_listen(ctx, la, NULL, keep_accepted, &a, &l), 0);
+        assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &a.c, &l), 0);
         mw_ctx_stats_t s0, s1;
         mw_ctx_stats(ctx, &s0);
         pid_t pid = spawn_client(kinds[k], port);
@@ -524,7 +514,7 @@ static void fragments_sent_at_once_arrive_whole(void **state)
         snprintf(la, sizeof la, "%s:%d", addrs[1], port);
         struct accepted a = {0};
         mw_listener_t *l;
-        assert_int_equal(mw_listen(ctx, la, NULL, keep_accepted, &a, &l), 0);
+        assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &a.c, &l), 0);
         const char *kind = k % 2 ? "burst-close" : "burst";
         pid_t pid = spawn_client(kind, port);
         wait_raw_accepted(ctx, l, &a, pid, kind);
