@@ -8,10 +8,10 @@
  * Handles.  Futures, connections, listeners, communicators and
  * registrations (mw_reg) are handles, not addresses.  Once released (a
  * future's last unref, mw_conn_close or mw_conn_abort, mw_listener_free,
- * mw_comm_free, mw_dereg, or the context's teardown for what it owns) a handle is refused by every call with -ESTALE
- * (functions returning a pointer: NULL with errno ESTALE) and an error in
- * the log, even after its memory has been reused: a handle value is never
- * issued twice.  A handle of another kind gets -EINVAL; a call from a
+ * mw_comm_free, mw_dereg, or the context's teardown for what it owns) a
+ * handle is refused by every call with -ESTALE (functions returning a
+ * pointer: NULL with errno ESTALE) and an error in the log, even after its
+ * memory has been reused: a handle value is never issued twice.  A handle of another kind gets -EINVAL; a call from a
  * thread other than the loop's gets -EPERM.  The context itself is a plain
  * pointer: mw_ctx_free() it once.
  */
@@ -283,9 +283,8 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * of mw_connect(), or the accept callback) until mw_conn_close() or
  * mw_conn_abort(); after either, every call on it is refused (-ESTALE).
  * Every operation on it returns a future (NULL, errno set, for a refused
- * handle).  For each peer
- * address the local address whose subnet contains it (longest prefix) is
- * chosen as the source, so in a direct-connect mesh each peer is reached
+ * handle).  For each peer address the local address whose subnet contains
+ * it (longest prefix) is chosen as the source, so in a direct-connect mesh each peer is reached
  * through the NIC on the link to it; with no match the routing table
  * decides.  Connections belong to the context's loop thread.
  */

@@ -79,12 +79,15 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
     }
     if (!kind)
         return;
-    if (*kind == MW__CM_LISTENER)
+    if (*kind == MW__CM_LISTENER) {
         mw__listener_event((struct mw__listener *)kind, ev);
-    else if (((struct mw__conn *)kind)->listener || ((struct mw__conn *)kind)->state == MW__CONN_ACCEPTING)
-        mw__accepted_event((struct mw__conn *)kind, ev);
+        return;
+    }
+    struct mw__conn *c = (struct mw__conn *)kind;
+    if (c->listener || c->state == MW__CONN_ACCEPTING)
+        mw__accepted_event(c, ev);
     else
-        mw__connect_event((struct mw__conn *)kind, ev);
+        mw__connect_event(c, ev);
 }
 
 static void on_cm_readable(evutil_socket_t fd, short what, void *arg)

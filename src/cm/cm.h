@@ -148,7 +148,6 @@ struct mw__conn {
     unsigned *early;              /* slots filled before we were established, */
     unsigned nearly;              /* in arrival order: taken once we are */
     struct mw__task early_task;
-    bool told_cm;                 /* rdma_notify(COMM_EST) done */
 
     /* operations */
     uint64_t next_msg_id;

@@ -330,6 +330,7 @@ void mw__conn_maybe_finish(struct mw__conn *c)
  * stops matching, and no callback names it again. */
 static void forget_handle(struct mw__conn *c)
 {
+    c->owner_gone = true;
     mw__handle_release(c->h);
     c->h = 0;
     c->imm_fn = NULL;
@@ -396,7 +397,6 @@ mw_future_t *mw_conn_close(mw_conn_t *h)
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
-    c->owner_gone = true;
     forget_handle(c);
     c->close_f = mw_future_ref(f);
     if (c->state == MW__CONN_ESTABLISHED) {
@@ -415,7 +415,6 @@ int mw_conn_abort(mw_conn_t *h)
     struct mw__conn *c = mw__conn_of(h, __func__, &err);
     if (!c)
         return err;
-    c->owner_gone = true;
     forget_handle(c);
     mw__conn_fail(c, -ECONNABORTED, "aborted");
     return 0;

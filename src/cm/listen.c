@@ -8,8 +8,8 @@
 #include <arpa/inet.h>
 
 #include "cm/cm.h"
-#include "core/handle.h"
 #include "cm/nic.h"
+#include "core/handle.h"
 
 /* "", "*", ":PORT", "*:PORT" listen on every address; else an address. */
 static int parse_listen_addr(const char *s, uint16_t port, struct sockaddr_storage *sa)

@@ -249,12 +249,9 @@ static void after_taking(struct mw__conn *c)
 static void keep_early(struct mw__conn *c, unsigned i)
 {
     c->early[c->nearly++] = i;
-    if (c->state == MW__CONN_ACCEPTING && !c->told_cm) {
-        c->told_cm = true;
-        if (rdma_notify(c->id, IBV_EVENT_COMM_EST) < 0 && errno != EISCONN)
-            MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: rdma_notify: %s", c->stats.remote,
-                   mw_strerror(-errno));
-    }
+    if (c->state == MW__CONN_ACCEPTING && c->nearly == 1 &&   /* once: the first */
+        rdma_notify(c->id, IBV_EVENT_COMM_EST) < 0 && errno != EISCONN)
+        MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: rdma_notify: %s", c->stats.remote, mw_strerror(-errno));
 }
 
 void mw__msg_take_early(struct mw__conn *c)

@@ -82,7 +82,7 @@ void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
 
 /* Callbacks of connects, hellos and watches may come after the owner freed
  * the communicator (or after its creation failed): each holds a reference,
- * and finds comm->freed set. */
+ * and finds mw__comm_freed(). */
 void mw__comm_ref(struct mw__comm *comm)
 {
     comm->refs++;
@@ -111,7 +111,7 @@ void mw__peer_gone(struct mw__peer *p, int err, const char *why)
         snprintf(p->gone_why, sizeof p->gone_why, "rank %d: %s", p->rank, why);
         MW_LOG(p->comm->ctx, MW_LOG_INFO, "communicator rank %d: %s", p->comm->rank, p->gone_why);
     }
-    if (!p->comm->freed)
+    if (!mw__comm_freed(p->comm))
         mw__coll_advance(p->comm);
 }
 
@@ -248,7 +248,9 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     struct accepting *a = arg;
     struct mw__comm *comm = a->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
-    const char *bad = comm->freed ? "communicator gone" : m ? check_hello(comm, m, -1) : "no hello";
+    const char *bad = mw__comm_freed(comm) ? "communicator gone"
+                      : m                  ? check_hello(comm, m, -1)
+                                           : "no hello";
     int r = m && !bad ? (int)((struct hello *)m->data)->rank : -1;
     if (!bad && alloc_peer(comm, r, a->conn) < 0)
         bad = "duplicate rank or no memory";
@@ -300,7 +302,7 @@ static void on_peer_hello(mw_future_t *f, void *arg)
     struct mw__comm *comm = p->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     const char *bad = m ? check_hello(comm, m, p->rank) : mw_future_message(f);
-    if (comm->freed)
+    if (mw__comm_freed(comm))
         ;
     else if (bad)
         mw__comm_fail(comm, -EPROTO, "rank %d: %s", p->rank, bad);
@@ -316,7 +318,7 @@ static void on_connected(mw_future_t *f, void *arg)
     struct connecting *k = arg;
     struct mw__comm *comm = k->comm;
     bool ok = mw_future_state(f) == MW_FUTURE_DONE;
-    if (ok && comm->freed) {
+    if (ok && mw__comm_freed(comm)) {
         mw_conn_abort(mw_future_value(f));
     } else if (ok) {
         mw_conn_t *c = mw_future_value(f);
@@ -328,7 +330,7 @@ static void on_connected(mw_future_t *f, void *arg)
             mw__comm_ref(comm);
             mw_future_then(h, on_peer_hello, p);
         }
-    } else if (comm->create_f && !comm->freed) {   /* not up yet: again shortly */
+    } else if (comm->create_f && !mw__comm_freed(comm)) {   /* not up yet: again shortly */
         MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
         mw__list_add_tail(&comm->retrying, &k->link);
         struct timeval tv = {0, RETRY_MS * 1000};
@@ -433,7 +435,7 @@ static void comm_close(struct mw__comm *comm, const char *why)
 {
     mw__comm_ref(comm);           /* failing a creation releases it already */
     mw__comm_fail(comm, -ECANCELED, "%s", why);
-    if (!comm->freed)
+    if (!mw__comm_freed(comm))
         release(comm);
     mw__comm_unref(comm);
 }
@@ -521,9 +523,8 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
  * the owner's reference dropped; callbacks still in flight hold their own. */
 static void release(struct mw__comm *comm)
 {
-    comm->freed = true;
     mw__handle_release(comm->h);  /* the owner's handle stops matching */
-    comm->h = 0;
+    comm->h = 0;                  /* and so mw__comm_freed() */
     mw__list_del(&comm->link);
     drop_retries(comm);
     for (int r = 0; r < comm->nranks; r++) {

@@ -38,12 +38,11 @@ struct mw__peer {
 };
 
 struct mw__comm {
-    uint64_t h;                   /* the owner's handle; 0 once freed */
+    uint64_t h;                   /* the owner's handle; 0 once it let go */
     mw_ctx_t *ctx;
     struct mw__list link;         /* in the layer's list until freed */
     struct mw__list retrying;     /* connects waiting for their retry timer */
     int refs;                     /* the owner, and each callback in flight */
-    bool freed;                   /* the owner let go: callbacks do nothing */
     int rank, nranks;
     mw_comm_opts_t opts;
     struct mw__peer *peers;       /* indexed by rank; peers[rank] unused */
@@ -58,6 +57,12 @@ struct mw__comm {
 };
 
 /* comm.c */
+/* mw__comm_freed() - the owner let go (its handle is released): callbacks
+ * still in flight do nothing. */
+static inline bool mw__comm_freed(const struct mw__comm *comm)
+{
+    return !comm->h;
+}
 /* mw__comm_of() - the communicator behind a caller's handle, for public
  * call @fn, or NULL with *@err: -EINVAL (NULL, another kind), -ESTALE
  * (freed, or its creation failed), -EPERM (off the loop thread). */

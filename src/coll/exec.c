@@ -2,9 +2,9 @@
  * schedule (coll/sched.h) step by step.  A step's data moves in chunks of at
  * most one scratch slot, by RDMA WRITE WITH IMMEDIATE into the peer's
  * scratch; the peer applies each chunk (copy or reduce into its result) and
- * acks it with a zero-length write with immediate, which frees the slot;
- * acks are batched (one per half the slots taken), for each is a post and
- * a completion at both ends.
+ * acks it with a zero-length write with immediate, which frees the slot.
+ * Acks are batched, one per half the slots taken: each costs a post and a
+ * completion at both ends.
  * The immediate carries the collective's sequence number and a signature of
  * (kind, type, op, count, root, step): a rank running something else is
  * caught on its first chunk instead of corrupting anyone's data. */
@@ -25,7 +25,7 @@
  * communicator and why (bits 24..29) because of which rank (bits 0..23). */
 #define IMM_ACK (1u << 31)
 #define IMM_ABORT (1u << 30)
-#define IMM_RANK_MASK 0xffffffu
+#define IMM_LOW_MASK 0xffffffu  /* an ack's count, an abort's rank */
 
 static uint32_t hash32(uint32_t h, uint64_t v)
 {
@@ -132,7 +132,7 @@ static void on_chunk_written(mw_future_t *f, void *arg)
         mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     else
         p->written++;
-    if (!comm->freed)
+    if (!mw__comm_freed(comm))
         mw__coll_advance(comm);
     mw__comm_unref(comm);
 }
@@ -298,7 +298,7 @@ void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    uint32_t imm = IMM_ACK | IMM_ABORT | (uint32_t)why << 24 | ((uint32_t)culprit & IMM_RANK_MASK);
+    uint32_t imm = IMM_ACK | IMM_ABORT | (uint32_t)why << 24 | ((uint32_t)culprit & IMM_LOW_MASK);
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
         if (r != comm->rank && p->conn && p->ready && !p->gone)
@@ -310,7 +310,7 @@ void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, 
 static void on_abort(struct mw__peer *p, uint32_t imm)
 {
     enum mw__abort_why why = (imm >> 24) & 0x3f;
-    int culprit = (int)(imm & IMM_RANK_MASK);
+    int culprit = (int)(imm & IMM_LOW_MASK);
     mw__comm_fail(p->comm, -ECONNABORTED, "rank %d aborted: it %s rank %d", p->rank,
                   abort_reason(why), culprit);
 }
@@ -324,7 +324,7 @@ void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
         on_abort(p, imm);
         return;
     } else if (imm & IMM_ACK) {
-        p->acked += imm & IMM_RANK_MASK;
+        p->acked += imm & IMM_LOW_MASK;
     } else if (p->arrived - p->consumed >= comm->opts.slots) {
         mw__comm_abort(comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
                        "rank %d overran its scratch slots", p->rank);

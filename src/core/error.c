@@ -17,7 +17,7 @@ const char *mw_strerror(int err)
         return "success";
     /* Handles that outlived their object (core/handle.h). */
     if (err == ESTALE)
-        return "stale handle: its future, connection, listener or communicator is gone";
+        return "stale handle: what it named was released, closed or freed";
     /* strerror() is not thread-safe in general; strerrordesc_np (glibc
      * >= 2.32) returns a static string for every errno. */
     const char *s = strerrordesc_np(err);

@@ -1,10 +1,11 @@
 /* Handles: what a caller holds for a future, connection, listener,
- * communicator or registration (mw_reg) is not the object's address but (generation << 32 | slot) of
- * one process-wide table.  A slot's generation moves on when its object goes,
- * and a slot whose generation would wrap is retired instead of reused, so a
- * handle once released matches nothing ever again: a double unref, a use
- * after close or free, or a handle of another kind is refused with an error
- * (-ESTALE, -EINVAL) instead of touching freed or reused memory.
+ * communicator or registration (mw_reg) is not the object's address but
+ * (generation << 32 | slot) of one process-wide table.  A slot's
+ * generation moves on when its object goes, and a slot whose generation
+ * would wrap is retired instead of reused, so a handle once released
+ * matches nothing ever again: a double unref, a use after close or free,
+ * or a handle of another kind is refused with an error (-ESTALE, -EINVAL)
+ * instead of touching freed or reused memory.
  *
  * A slot also records the thread its object belongs to (its context's loop
  * thread): a lookup from any other thread is refused (-EPERM) from the slot
