@@ -322,10 +322,6 @@ static void peer_that_accepts_then_never_answers(void **state)
     mw_ctx_free(ctx);
 }
 
-struct accepted {
-    mw_conn_t *c;
-};
-
 /* The server dies between the connect request and its answer. */
 static void server_killed_during_connect(void **state)
 {
@@ -377,9 +373,9 @@ static void client_killed_during_connect(void **state)
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.timeout_ms = 1000;
-    struct accepted a = {0};
+    mw_conn_t *accepted = NULL;
     mw_listener_t *l;
-    assert_int_equal(mw_listen(ctx, la, &o, rxe_keep_first, &a.c, &l), 0);
+    assert_int_equal(mw_listen(ctx, la, &o, rxe_keep_first, &accepted, &l), 0);
     mw_ctx_stats_t s0, s1;
     mw_ctx_stats(ctx, &s0);
     pid_t pid = spawn_client("die", port);
@@ -388,21 +384,21 @@ static void client_killed_during_connect(void **state)
     assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     double t0 = now_s();
     mw_listener_stats_t ls = {0};
-    while (now_s() - t0 < 5 && !ls.failed && !ls.rejected && !a.c) {
+    while (now_s() - t0 < 5 && !ls.failed && !ls.rejected && !accepted) {
         loop_for(ctx, 20);
         mw_listener_stats(l, &ls);
     }
     printf("client killed during connect: listener after %.2f s: accepted %llu, failed %llu, "
            "rejected %llu\n", now_s() - t0, (unsigned long long)ls.accepted,
            (unsigned long long)ls.failed, (unsigned long long)ls.rejected);
-    if (a.c) {                     /* it got as far as established: then it fails */
-        mw_future_t *r = mw_recv(a.c);
+    if (accepted) {                /* it got as far as established: then it fails */
+        mw_future_t *r = mw_recv(accepted);
         mw_future_set_timeout(r, 5000);
         assert_true(mw_wait(r) < 0);
         assert_int_not_equal(mw_future_error(r), -ETIMEDOUT);
         mw_future_unref(r);
-        mw_conn_abort(a.c);
-        a.c = NULL;
+        mw_conn_abort(accepted);
+        accepted = NULL;
     } else {
         assert_int_equal(ls.failed + ls.rejected, 1);
     }
@@ -413,32 +409,51 @@ static void client_killed_during_connect(void **state)
     assert_int_equal(mw_future_error(f), 0);
     mw_conn_abort(mw_future_value(f));
     mw_future_unref(f);
-    for (int i = 0; i < 100 && !a.c; i++)
+    for (int i = 0; i < 100 && !accepted; i++)
         loop_for(ctx, 10);
-    assert_non_null(a.c);
-    mw_conn_abort(a.c);
+    assert_non_null(accepted);
+    mw_conn_abort(accepted);
     mw_listener_free(l);
     mw_ctx_free(ctx);
 }
 
-/* Run the loop until @a holds the raw client's connection; fail, saying
- * why, if the listener refused it or the client gave up first. */
-static void wait_raw_accepted(mw_ctx_t *ctx, mw_listener_t *l, struct accepted *a, pid_t pid,
-                              const char *kind)
+/* A raw client of @kind and the connection it made to a listener of its
+ * own.  The test fails, saying why, if the listener refused it or the
+ * client gave up first. */
+struct raw_peer {
+    mw_listener_t *l;
+    mw_conn_t *c;
+    pid_t pid;
+};
+
+static void raw_peer_start(mw_ctx_t *ctx, const char *kind, struct raw_peer *rp)
 {
+    char la[64];
+    int port = next_port();
+    snprintf(la, sizeof la, "%s:%d", addrs[1], port);
+    *rp = (struct raw_peer){0};
+    assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &rp->c, &rp->l), 0);
+    rp->pid = spawn_client(kind, port);
     mw_listener_stats_t ls = {0};
     int status = 0;
     bool exited = false;
-    for (int i = 0; i < 2000 && !a->c && !ls.failed && !ls.rejected && !exited; i++) {
+    for (int i = 0; i < 2000 && !rp->c && !ls.failed && !ls.rejected && !exited; i++) {
         loop_for(ctx, 10);
-        mw_listener_stats(l, &ls);
-        exited = waitpid(pid, &status, WNOHANG) == pid;
+        mw_listener_stats(rp->l, &ls);
+        exited = waitpid(rp->pid, &status, WNOHANG) == rp->pid;
     }
-    if (!a->c)
+    if (!rp->c)
         fail_msg("raw client (%s) not accepted: listener failed %llu, rejected %llu; client %s %d",
                  kind, (unsigned long long)ls.failed, (unsigned long long)ls.rejected,
                  !exited ? "running, pid" : WIFEXITED(status) ? "exited with status" : "killed by signal",
-                 !exited ? pid : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                 !exited ? rp->pid : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+static void raw_peer_stop(struct raw_peer *rp)
+{
+    stop(rp->pid);
+    mw_conn_abort(rp->c);
+    mw_listener_free(rp->l);
 }
 
 static void malformed_fragments_are_refused_and_counted(void **state)
@@ -448,17 +463,11 @@ static void malformed_fragments_are_refused_and_counted(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     const char *kinds[] = {"type", "length", "credits", "sequence"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        char la[64];
-        int port = next_port();
-        snprintf(la, sizeof la, "%s:%d", addrs[1], port);
-        struct accepted a = {0};
-        mw_listener_t *l;
-        assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &a.c, &l), 0);
         mw_ctx_stats_t s0, s1;
         mw_ctx_stats(ctx, &s0);
-        pid_t pid = spawn_client(kinds[k], port);
-        wait_raw_accepted(ctx, l, &a, pid, kinds[k]);
-        mw_future_t *r = mw_recv(a.c);
+        struct raw_peer rp;
+        raw_peer_start(ctx, kinds[k], &rp);
+        mw_future_t *r = mw_recv(rp.c);
         mw_future_set_timeout(r, 10000);
         int rc = mw_wait(r);
         printf("raw client, bad fragment (%s): %s (%s)\n", kinds[k], mw_strerror(rc),
@@ -467,9 +476,7 @@ static void malformed_fragments_are_refused_and_counted(void **state)
         mw_ctx_stats(ctx, &s1);
         assert_int_equal(s1.protocol_errors, s0.protocol_errors + 1);
         mw_future_unref(r);
-        stop(pid);
-        mw_conn_abort(a.c);
-        mw_listener_free(l);
+        raw_peer_stop(&rp);
         context_still_serves(ctx);
     }
     mw_ctx_free(ctx);
@@ -509,16 +516,9 @@ static void fragments_sent_at_once_arrive_whole(void **state)
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     for (int k = 0; k < 10; k++) {
-        char la[64];
-        int port = next_port();
-        snprintf(la, sizeof la, "%s:%d", addrs[1], port);
-        struct accepted a = {0};
-        mw_listener_t *l;
-        assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &a.c, &l), 0);
-        const char *kind = k % 2 ? "burst-close" : "burst";
-        pid_t pid = spawn_client(kind, port);
-        wait_raw_accepted(ctx, l, &a, pid, kind);
-        mw_future_t *r = mw_recv(a.c);
+        struct raw_peer rp;
+        raw_peer_start(ctx, k % 2 ? "burst-close" : "burst", &rp);
+        mw_future_t *r = mw_recv(rp.c);
         mw_future_set_timeout(r, 10000);
         assert_int_equal(mw_wait(r), 0);
         mw_msg_t *m = mw_future_value(r);
@@ -526,9 +526,7 @@ static void fragments_sent_at_once_arrive_whole(void **state)
         assert_memory_equal(m->data, "aaaaaaaabbbbbbbbcccccccc", 24);
         mw_msg_free(m);
         mw_future_unref(r);
-        stop(pid);
-        mw_conn_abort(a.c);
-        mw_listener_free(l);
+        raw_peer_stop(&rp);
     }
     mw_ctx_free(ctx);
 }

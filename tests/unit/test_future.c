@@ -1056,16 +1056,23 @@ static void extra_unref_leaves_holders_refused_not_corrupted(void **state)
     assert_int_equal(mw_future_unref(f), -ESTALE);
 }
 
+/* A communicator of one rank: a handle of another kind, no RDMA needed. */
+static mw_comm_t *one_rank_comm(mw_ctx_t *ctx)
+{
+    const char *peers[] = {"127.0.0.1:1"};
+    mw_future_t *cf = mw_comm_create(ctx, 0, 1, peers, NULL);
+    assert_int_equal(mw_wait(cf), 0);
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    return comm;
+}
+
 /* A handle of another kind is refused with -EINVAL, and so is a value that
  * never was a handle (here the address of a real object). */
 static void foreign_handles_are_refused(void **state)
 {
     mw_ctx_t *ctx = *state;
-    const char *peers[] = {"127.0.0.1:1"};
-    mw_future_t *cf = mw_comm_create(ctx, 0, 1, peers, NULL);   /* no RDMA needed */
-    assert_int_equal(mw_wait(cf), 0);
-    mw_comm_t *comm = mw_future_value(cf);
-    mw_future_unref(cf);
+    mw_comm_t *comm = one_rank_comm(ctx);
     assert_int_equal(mw_comm_size(comm), 1);
 
     assert_int_equal(mw_future_state((mw_future_t *)comm), -EINVAL);
@@ -1150,11 +1157,7 @@ static void communicator_left_at_context_free_is_released(void **state)
     uint64_t before = mw__handles_live();
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    const char *peers[] = {"127.0.0.1:1"};
-    mw_future_t *cf = mw_comm_create(ctx, 0, 1, peers, NULL);
-    assert_int_equal(mw_wait(cf), 0);
-    mw_comm_t *comm = mw_future_value(cf);
-    mw_future_unref(cf);
+    mw_comm_t *comm = one_rank_comm(ctx);
     mw_ctx_free(ctx);
     assert_int_equal(mw_comm_rank(comm), -ESTALE);
     assert_int_equal(mw_comm_free(comm), -ESTALE);
