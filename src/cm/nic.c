@@ -581,19 +581,33 @@ static int split_addr(const char *s, size_t len, struct addr_parts *p)
     return 0;
 }
 
+/* The parts of one address and its port, if it names one (else 0 in
+ * *@port and false in *@explicit); no name resolution. */
+static int split_port(const char *s, size_t len, struct addr_parts *p, uint16_t *port,
+                      bool *explicit)
+{
+    int rc = split_addr(s, len, p);
+    if (rc)
+        return rc;
+    if (p->hlen == 0 || p->hlen > HOST_MAX)
+        return -EINVAL;
+    *port = 0;
+    *explicit = p->port != NULL;
+    return p->port ? parse_port(p->port, p->plen, port) : 0;
+}
+
 static int parse_span(const char *s, size_t len, uint16_t default_port,
                       struct sockaddr_storage *out)
 {
     struct addr_parts p;
     char host[HOST_MAX + 1];
-    uint16_t port = default_port;
-    int rc = split_addr(s, len, &p);
+    uint16_t port;
+    bool explicit;
+    int rc = split_port(s, len, &p, &port, &explicit);
     if (rc)
         return rc;
-    if (p.hlen == 0 || p.hlen > HOST_MAX)
-        return -EINVAL;
-    if (p.port && (rc = parse_port(p.port, p.plen, &port)) != 0)
-        return rc;
+    if (!explicit)
+        port = default_port;
     memcpy(host, p.host, p.hlen);
     host[p.hlen] = '\0';
     return p.v6 ? parse_ip6(host, port, out) : parse_host(host, port, out);
@@ -611,6 +625,57 @@ static bool is_blank(char c)
     return c == ' ' || c == '\t';
 }
 
+/* The item of list @s at its start (blanks around it trimmed): its first
+ * character and length; *@next is the item after it, NULL at the end. */
+static const char *list_item(const char *s, size_t *len, const char **next)
+{
+    const char *end = s + strcspn(s, ",");
+    const char *b = s, *e = end;
+    while (b < e && is_blank(*b))
+        b++;
+    while (e > b && is_blank(e[-1]))
+        e--;
+    *len = (size_t)(e - b);
+    *next = *end ? end + 1 : NULL;
+    return b;
+}
+
+static size_t list_items(const char *s)
+{
+    size_t items = 1;
+    for (const char *c = s; *c; c++)
+        items += *c == ',';
+    return items;
+}
+
+/* The port of each of the @n items of @s, by the list rule: its own, else
+ * the next one written after it, else @default_port.  No resolution. */
+static int list_ports(const char *s, size_t n, uint16_t default_port, uint16_t *ports, bool *v6)
+{
+    bool *explicit = calloc(n, sizeof *explicit);
+    if (!explicit)
+        return -ENOMEM;
+    int rc = 0;
+    const char *item = s;
+    *v6 = false;
+    for (size_t i = 0; i < n && !rc; i++) {
+        size_t len;
+        struct addr_parts p;
+        const char *b = list_item(item, &len, &item);
+        rc = split_port(b, len, &p, &ports[i], &explicit[i]);
+        *v6 |= p.v6;
+    }
+    uint16_t next = default_port;
+    for (size_t i = n; i-- > 0 && !rc;) {
+        if (explicit[i])
+            next = ports[i];
+        else
+            ports[i] = next;
+    }
+    free(explicit);
+    return rc;
+}
+
 int mw__parse_addr_list(const char *s, uint16_t default_port,
                         struct sockaddr_storage **out, size_t *n)
 {
@@ -620,30 +685,41 @@ int mw__parse_addr_list(const char *s, uint16_t default_port,
     *n = 0;
     if (!s)
         return -EINVAL;
-    size_t items = 1;
-    for (const char *c = s; *c; c++)
-        items += *c == ',';
+    size_t items = list_items(s);
     struct sockaddr_storage *v = calloc(items, sizeof(*v));
-    if (!v)
-        return -ENOMEM;
+    uint16_t *ports = calloc(items, sizeof(*ports));
+    bool v6;
+    int rc = v && ports ? list_ports(s, items, default_port, ports, &v6) : -ENOMEM;
     const char *item = s;
-    for (size_t i = 0; i < items; i++) {
-        const char *end = item + strcspn(item, ",");
-        const char *b = item, *e = end;
-        while (b < e && is_blank(*b))
-            b++;
-        while (e > b && is_blank(e[-1]))
-            e--;
-        int rc = parse_span(b, (size_t)(e - b), default_port, &v[i]);
-        if (rc) {
-            free(v);
-            return rc;
-        }
-        item = end + 1;
+    for (size_t i = 0; i < items && !rc; i++) {
+        size_t len;
+        const char *b = list_item(item, &len, &item);
+        rc = parse_span(b, len, ports[i], &v[i]);
+    }
+    free(ports);
+    if (rc) {
+        free(v);
+        return rc;
     }
     *out = v;
     *n = items;
     return 0;
+}
+
+int mw__addr_list_port(const char *s, uint16_t default_port, uint16_t *port, bool *v6)
+{
+    if (!s || !port || !v6)
+        return -EINVAL;
+    size_t items = list_items(s);
+    uint16_t *ports = calloc(items, sizeof(*ports));
+    int rc = ports ? list_ports(s, items, default_port, ports, v6) : -ENOMEM;
+    for (size_t i = 1; i < items && !rc; i++)
+        if (ports[i] != ports[0])
+            rc = -EINVAL;         /* two ports in one entry */
+    if (!rc)
+        *port = ports[0];
+    free(ports);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #define MW_CM_NIC_H
 
 #include <net/if.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -107,12 +108,23 @@ int mw__parse_addr(const char *s, uint16_t default_port, struct sockaddr_storage
 /**
  * mw__parse_addr_list() - parse "a,b,c" with mw__parse_addr() rules
  * (blanks around items are ignored; an empty item is -EINVAL; IPv6 with a
- * port must be bracketed).
+ * port must be bracketed).  An address without a port takes the port of
+ * the next address written with one ("A,B:7480": both on 7480); with none
+ * after it, @default_port.
  * @out: receives a malloc'd array the caller free()s (NULL on error).
  * Return: 0 or mw__parse_addr()'s error for the first bad item.
  */
 int mw__parse_addr_list(const char *s, uint16_t default_port,
                         struct sockaddr_storage **out, size_t *n);
+
+/**
+ * mw__addr_list_port() - the one port every address of list @s is on, by
+ * mw__parse_addr_list()'s rule, for an entry that must name a single port
+ * (a communicator rank).  Names are not resolved.
+ * @v6: set when an address is IPv6.
+ * Return: 0, or -EINVAL when malformed or when two different ports appear.
+ */
+int mw__addr_list_port(const char *s, uint16_t default_port, uint16_t *port, bool *v6);
 
 /**
  * mw__addr_str() - "1.2.3.4:7470", "[::1]:7470", "[fe80::1%eth0]:7470"

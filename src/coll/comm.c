@@ -12,6 +12,7 @@
 
 #include <event2/event.h>
 
+#include "cm/nic.h"
 #include "coll/comm.h"
 #include "core/ctx.h"
 #include "core/handle.h"
@@ -386,19 +387,13 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
                   missing);
 }
 
-/* The port this rank listens on: the one in its own entry. */
+/* Where this rank listens: every local address, on its entry's port. */
 static void own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
 {
-    char first[128];
-    snprintf(first, sizeof first, "%.*s", (int)strcspn(entry, ","), entry);
-    const char *colon = strrchr(first, ':');
-    const char *bracket = strrchr(first, ']');
-    if (colon && (!bracket || colon > bracket) && strchr(first, ':') == colon)
-        snprintf(buf, cap, "*%s", colon);           /* v4 or name with a port */
-    else if (colon && bracket && colon > bracket)
-        snprintf(buf, cap, "[::]%s", colon);        /* [v6]:port */
-    else
-        snprintf(buf, cap, "*:%u", dflt);
+    uint16_t port;
+    bool v6;
+    mw__addr_list_port(entry, (uint16_t)dflt, &port, &v6);   /* checked at creation */
+    snprintf(buf, cap, v6 ? "[::]:%u" : "*:%u", (unsigned)port);
 }
 
 static int start(struct mw__comm *comm, const char *const *peers)
@@ -497,11 +492,20 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
         mw_future_fail(f, -EINVAL, "bad rank %d of %d or no peer list", rank, nranks);
         return f;
     }
-    for (int r = 0; r < nranks; r++)
+    unsigned dflt = opts ? opts->conn.default_port : MW_DEFAULT_PORT;
+    for (int r = 0; r < nranks; r++) {
+        uint16_t port;
+        bool v6;
         if (!peers[r] || !*peers[r]) {
             mw_future_fail(f, -EINVAL, "no address for rank %d", r);
             return f;
         }
+        if (dflt > 65535 || mw__addr_list_port(peers[r], (uint16_t)dflt, &port, &v6) < 0) {
+            mw_future_fail(f, -EINVAL, "rank %d's entry \"%s\" is malformed or names two "
+                           "ports (one port per rank: \"ADDR[,ADDR...][:PORT]\")", r, peers[r]);
+            return f;
+        }
+    }
     struct mw__comm *comm = comm_new(ctx, rank, nranks, opts);
     if (!comm) {
         mw_future_fail(f, -ENOMEM, "no memory");

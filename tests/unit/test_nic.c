@@ -343,11 +343,28 @@ static void parse_list(void **state)
     assert_int_equal(mw__parse_addr_list("10.0.12.2, [fd00::2]:81 ,::1,localhost:82,10.0.13.2:83",
                                          PORT, &v, &n), 0);
     assert_int_equal(n, 5);
-    assert_v4(&v[0], "10.0.12.2", PORT);
+    /* an address without a port takes the next one written after it */
+    assert_v4(&v[0], "10.0.12.2", 81);
     assert_v6(&v[1], "fd00::2", 81, 0);
-    assert_v6(&v[2], "::1", PORT, 0);
+    assert_v6(&v[2], "::1", 82, 0);
     assert_int_equal(ntohs(((struct sockaddr_in *)&v[3])->sin_port), 82);
     assert_v4(&v[4], "10.0.13.2", 83);
+    free(v);
+
+    /* the README's two spellings of one rank's addresses are the same */
+    static const char *const same[] = {"10.0.1.2:7480,10.0.2.2:7480", "10.0.1.2,10.0.2.2:7480",
+                                       "10.0.1.2:7480, 10.0.2.2"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(mw__parse_addr_list(same[i], 7480, &v, &n), 0);
+        assert_int_equal(n, 2);
+        assert_v4(&v[0], "10.0.1.2", 7480);
+        assert_v4(&v[1], "10.0.2.2", 7480);
+        free(v);
+    }
+    /* after the last port written: the default */
+    assert_int_equal(mw__parse_addr_list("1.2.3.4:9,1.2.3.5", PORT, &v, &n), 0);
+    assert_v4(&v[0], "1.2.3.4", 9);
+    assert_v4(&v[1], "1.2.3.5", PORT);
     free(v);
 
     assert_int_equal(mw__parse_addr_list("1.2.3.4", PORT, &v, &n), 0);
@@ -377,6 +394,43 @@ static void parse_list_errors(void **state)
     assert_int_equal(mw__parse_addr_list("1.2.3.4,no-such-host.invalid", PORT, &v, &n) < 0, 1);
     assert_null(v);
     assert_int_equal(mw__parse_addr_list(NULL, PORT, &v, &n), -EINVAL);
+}
+
+/* One port per communicator entry: the port every address ends up on. */
+static void entry_port(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *entry;
+        int port;                 /* -1: refused */
+        bool v6;
+    } cases[] = {
+        {"10.0.1.2", PORT, false},
+        {"10.0.1.2:7480", 7480, false},
+        {"10.0.1.2,10.0.2.2:7480", 7480, false},
+        {"10.0.1.2:7480,10.0.2.2:7480", 7480, false},
+        {"node1, node1-b:9", 9, false},
+        {"[fd00::1]:81,10.0.0.1", -1, true},      /* 81, then the default */
+        {"[fd00::1],10.0.0.1:81", 81, true},
+        {"::1", PORT, true},
+        {"10.0.1.2:1,10.0.2.2:2", -1, false},
+        {"10.0.1.2:7480,10.0.2.2", -1, false},     /* 7480, then the default */
+        {"", -1, false},
+        {"a,,b", -1, false},
+        {"1.2.3.4:99999", -1, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t port = 0;
+        bool v6 = false;
+        int rc = mw__addr_list_port(cases[i].entry, PORT, &port, &v6);
+        if (cases[i].port < 0) {
+            if (rc != -EINVAL)
+                fail_msg("\"%s\": %d, want -EINVAL", cases[i].entry, rc);
+            continue;
+        }
+        if (rc != 0 || port != cases[i].port || v6 != cases[i].v6)
+            fail_msg("\"%s\": rc %d port %u v6 %d", cases[i].entry, rc, port, v6);
+    }
 }
 
 /* ------------------------------------------------------------------------
@@ -578,6 +632,7 @@ int main(void)
         cmocka_unit_test(parse_garbage),
         cmocka_unit_test(parse_list),
         cmocka_unit_test(parse_list_errors),
+        cmocka_unit_test(entry_port),
         cmocka_unit_test(addr_str_round_trips),
         cmocka_unit_test(addr_str_edge_cases),
         cmocka_unit_test(list_from_ifaddrs),
