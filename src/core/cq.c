@@ -15,7 +15,11 @@ static void dispatch(mw_ctx_t *ctx, const struct ibv_wc *wc, int n)
 {
     for (int i = 0; i < n; i++) {
         ctx->stats.completions++;
-        if (wc[i].status != IBV_WC_SUCCESS)
+        /* A flush is the ordinary end of work posted on a queue pair that
+         * closed or failed, not an error of its own. */
+        if (wc[i].status == IBV_WC_WR_FLUSH_ERR)
+            ctx->stats.flushes++;
+        else if (wc[i].status != IBV_WC_SUCCESS)
             ctx->stats.completion_errors++;
         struct mw__op *op = mw__op_lookup(ctx, wc[i].wr_id);
         if (!op) {
