@@ -5,11 +5,12 @@
  * The descriptor is an epoll set of meshwire's own: every descriptor the
  * context watches (completion channels, the rdma_cm channel, the hand-off
  * eventfd) plus a timerfd set to the earliest deadline of the context's
- * timers.  Deadlines are kept in a min-heap as they are added, from the
- * first mw_ctx_fd() call on (nothing is tracked for contexts that never
- * ask, so the completion path pays nothing); one whose timer was
- * deleted or re-added stays until it passes and costs at most a spurious
- * wake-up, never a missed one. */
+ * timers.  Deadlines of a context that owns its base are kept in a
+ * min-heap as they are added, from mw_ctx_new() on, so the descriptor
+ * covers timers set before anyone asked for it (the completion path adds
+ * no timers; a push costs nanoseconds and no system call until the
+ * descriptor exists).  One whose timer was deleted or re-added stays until
+ * it passes and costs at most a spurious wake-up, never a missed one. */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -112,14 +113,14 @@ int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
 {
     int rc = event_add(ev, tv);
     struct mw__loop *l = ctx->loop;
-    if (rc == 0 && tv && l && l->epfd >= 0) {  /* only once mw_ctx_fd was asked for */
+    if (rc == 0 && tv && l && ctx->own_base) {  /* a base of its own: mw_ctx_fd may cover it */
         uint64_t now = now_ns();
         uint64_t at = now + (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
         while (l->nheap && l->heap[0] + 1000000000u <= now)
             heap_pop(l);          /* long past: whatever it was has run */
         bool earliest = !l->nheap || at < l->heap[0];
         heap_push(l, at);
-        if (earliest && l->epfd >= 0)
+        if (earliest && l->epfd >= 0)   /* else mw_ctx_fd arms it */
             arm_timerfd(l, at);
     }
     return rc < 0 ? -EIO : 0;
@@ -196,7 +197,7 @@ int mw_ctx_fd(mw_ctx_t *ctx)
     for (size_t i = 0; i < l->nfds; i++)
         if ((rc = epoll_add(l, l->fds[i])) < 0)
             goto fail;
-    arm_timerfd(l, 1);            /* one progress at once: timers set before now */
+    arm_timerfd(l, 1);            /* one progress at once: whatever is due already */
     return l->epfd;
 fail:
     if (l->epfd >= 0)

@@ -139,6 +139,41 @@ static void raw_epoll_loop(void **state)
     mw_ctx_free(ctx);
 }
 
+/* A deadline set before mw_ctx_fd() was first asked for still wakes the
+ * descriptor when it is due (the header used to warn it would not). */
+static void deadline_before_the_descriptor(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int fired = 0;
+    mw_future_t *a = mw_future_new(ctx);
+    mw_future_set_timeout(a, 80);
+    mw_future_then(a, count_cb, &fired);
+    double t0 = now();
+    int fd = mw_ctx_fd(ctx);
+    int ep = epoll_create1(0);
+    struct epoll_event e = {.events = EPOLLIN};
+    assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e), 0);
+    int wakeups = 0;
+    while (!fired && now() - t0 < 5) {
+        if (epoll_wait(ep, &e, 1, 5000) == 1) {
+            wakeups++;
+            assert_int_equal(mw_ctx_progress(ctx), 0);
+        }
+    }
+    double took = now() - t0;
+    printf("deadline set before mw_ctx_fd: fired after %.0f ms, %d wake-ups\n", took * 1000,
+           wakeups);
+    assert_int_equal(fired, 1);
+    assert_int_equal(mw_future_error(a), -ETIMEDOUT);
+    assert_true(took >= 0.075 && took < 1.0);
+    assert_true(wakeups <= 4);    /* the first look at once, then the deadline */
+    mw_future_unref(a);
+    close(ep);
+    mw_ctx_free(ctx);
+}
+
 /* --- threads ------------------------------------------------------------- */
 
 #define THREADS 4
@@ -278,6 +313,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(foreign_libevent_base),
         cmocka_unit_test(raw_epoll_loop),
+        cmocka_unit_test(deadline_before_the_descriptor),
         cmocka_unit_test(wrong_thread_is_refused),
         cmocka_unit_test(four_threads_hand_off),
     };
