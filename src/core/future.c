@@ -13,9 +13,12 @@
 #include "core/future.h"
 #include "core/handle.h"
 
-/* A registered callback.  Nodes from mw_future_then() are malloc'd and freed
- * by whoever drops them; chain/all embed theirs in their own state so that
- * registering cannot fail halfway through. */
+/* A registered callback.  It holds a reference on its future until it has
+ * run, so every callback runs exactly once: when the future completes, or
+ * at the context's teardown, which fails what is still pending.  Nodes
+ * from mw_future_then() are malloc'd and freed by whoever drops them;
+ * chain/all embed theirs in their own state so that registering cannot
+ * fail halfway through. */
 struct mw__cb {
     struct mw__cb *next;
     mw_then_fn fn;
@@ -119,10 +122,11 @@ static void drop_callbacks(struct mw__future *f)
     }
     f->cb_head = NULL;
     f->cb_tail = &f->cb_head;
-    /* Only a pending future can get here with callbacks (a complete one
-     * holds itself until they ran): its last holder gave it up. */
+    /* Callbacks hold references: only unrefs beyond those taken (a
+     * caller's bug) free a future that still has some. */
     if (n && f->ctx)
-        MW_LOG(f->ctx, MW_LOG_DEBUG, "future released while pending: %zu callbacks dropped", n);
+        MW_LOG(f->ctx, MW_LOG_ERROR, "future freed by an unref it did not hold: %zu "
+               "callbacks dropped", n);
 }
 
 static void future_unref(struct mw__future *f)
@@ -131,6 +135,8 @@ static void future_unref(struct mw__future *f)
         return;
     mw__handle_release(f->h);     /* from here on, a further unref is refused */
     drop_callbacks(f);
+    if (f->ctx)
+        mw__defer_cancel(f->ctx, &f->task);   /* queued: only after an unref too many */
     if (f->timer)
         event_free(f->timer);
     free(f->msg);
@@ -325,12 +331,14 @@ static void run_callbacks(struct mw__task *t)
         if (heap)
             free(c);
         c = next;
+        future_unref(f);          /* the reference that callback held */
     }
     future_unref(f); /* the reference schedule() took */
 }
 
 static void add_callback(struct mw__future *f, struct mw__cb *c)
 {
+    future_ref(f);                /* until the callback has run */
     c->next = NULL;
     *f->cb_tail = c;
     f->cb_tail = &c->next;
@@ -363,7 +371,6 @@ int mw_future_then(mw_future_t *h, mw_then_fn cb, void *arg)
 struct chain {
     struct mw__cb cb;             /* waits on f, then on g */
     mw_future_t *r;               /* the result; a reference */
-    mw_future_t *f;               /* the first step until it ran; a reference */
     mw_future_t *g;               /* the second step once started; a reference */
     mw_chain_fn fn;
     void *arg;
@@ -371,7 +378,6 @@ struct chain {
 
 static void chain_release(struct chain *c)
 {
-    mw_future_unref(c->f);
     mw_future_unref(c->g);
     mw_future_unref(c->r);
     free(c);
@@ -418,9 +424,6 @@ static void chain_wait_second(struct chain *c)
 static void chain_on_first(mw_future_t *f, void *arg)
 {
     struct chain *c = arg;
-    /* f stays alive for this call: its callback task holds a reference. */
-    mw_future_unref(c->f);
-    c->f = NULL;
     if (mw_future_state(c->r) != MW_FUTURE_PENDING) {
         chain_release(c); /* R was cancelled: don't start the next step */
     } else if (mw_future_state(f) == MW_FUTURE_FAILED) {
@@ -453,9 +456,6 @@ mw_future_t *mw_future_chain(mw_future_t *h, mw_chain_fn fn, void *arg)
     c->fn = fn;
     c->arg = arg;
     c->cb = (struct mw__cb){.fn = chain_on_first, .arg = c};
-    /* f must live until the chain has looked at it, whatever its caller
-     * does with its own reference. */
-    c->f = mw_future_ref(h);
     mw__future_on_cancel(r, chain_on_cancel, c);
     add_callback(f, &c->cb);
     return r;
@@ -468,7 +468,6 @@ mw_future_t *mw_future_chain(mw_future_t *h, mw_chain_fn fn, void *arg)
 struct all_member {
     struct mw__cb cb;
     struct all *all;
-    mw_future_t *f;               /* a reference until its callback ran */
     size_t index;
 };
 
@@ -490,8 +489,6 @@ static void all_on_member(mw_future_t *f, void *arg)
                        m->index + 1, a->n, mw_future_message(f));
     else if (--a->left == 0)
         mw_future_resolve(a->r, NULL);
-    mw_future_unref(m->f); /* f itself stays alive: its task holds it */
-    m->f = NULL;
     if (--a->live == 0) {
         mw_future_unref(a->r);
         free(a);
@@ -538,8 +535,7 @@ mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
         struct all_member *m = &a->m[i];
         int err;
         struct mw__future *f = future_of(fs[i], __func__, &err); /* checked above */
-        *m = (struct all_member){.all = a, .f = fs[i], .index = i};
-        future_ref(f);
+        *m = (struct all_member){.all = a, .index = i};
         m->cb = (struct mw__cb){.fn = all_on_member, .arg = m};
         add_callback(f, &m->cb);
     }
