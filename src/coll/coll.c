@@ -80,7 +80,7 @@ static int setup_stage(struct mw__run *k)
     size_t max = 0;
     for (int i = 0; i < k->s.nsteps; i++) {
         const struct mw__step *st = &k->s.steps[i];
-        if (st->send_to >= 0 && st->send_from == MW__BUF_RESULT && st->send_len > max)
+        if (mw__step_overlaps(k, st) && st->send_len > max)
             max = st->send_len;
     }
     if (max && !(k->stage = mw_alloc(k->comm->ctx, max * k->esz)))

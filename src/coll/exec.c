@@ -40,6 +40,19 @@ static uint32_t imm_of(const struct mw__run *k, int step)
     return (uint32_t)k->seq << 23 | sig;
 }
 
+const uint8_t *mw__step_source(const struct mw__run *k, const struct mw__step *st)
+{
+    return (st->send_from == MW__BUF_INPUT ? k->in : k->res) + st->send_off * k->esz;
+}
+
+bool mw__step_overlaps(const struct mw__run *k, const struct mw__step *st)
+{
+    if (st->send_to < 0 || st->recv_from < 0 || !st->send_len || !st->recv_len)
+        return false;
+    const uint8_t *src = mw__step_source(k, st), *dst = k->res + st->recv_off * k->esz;
+    return src < dst + st->recv_len * k->esz && dst < src + st->send_len * k->esz;
+}
+
 void mw__coll_discard(struct mw__run *k)
 {
     struct mw__comm *comm = k->comm;
@@ -97,11 +110,6 @@ static size_t chunks_of(const struct mw__run *k, size_t len)
     return len ? (len + k->chunk_elems - 1) / k->chunk_elems : 1;
 }
 
-static bool overlaps(size_t a, size_t alen, size_t b, size_t blen)
-{
-    return alen && blen && a < b + blen && b < a + alen;
-}
-
 static int start_step(struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
@@ -109,12 +117,12 @@ static int start_step(struct mw__run *k)
     k->r_chunks = st->recv_from >= 0 ? chunks_of(k, st->recv_len) : 0;
     k->s_posted = k->r_done = 0;
     k->s_base = st->send_to >= 0 ? k->comm->peers[st->send_to].sent : 0;
-    k->src = (st->send_from == MW__BUF_INPUT ? k->in : k->res) + st->send_off * k->esz;
-    /* A step that sends and receives the same result range sends a copy,
-     * so receives can be applied at once (waiting for the own send could
+    k->src = mw__step_source(k, st);
+    /* A step whose receive lands on what it sends (the same result range,
+     * or input the caller placed in the result: in place) sends a copy, so
+     * receives can be applied at once (waiting for the own send could
      * deadlock a ring once chunks outnumber slots). */
-    if (st->send_to >= 0 && st->recv_from >= 0 && st->send_from == MW__BUF_RESULT &&
-        overlaps(st->send_off, st->send_len, st->recv_off, st->recv_len)) {
+    if (mw__step_overlaps(k, st)) {
         memcpy(k->stage, k->src, st->send_len * k->esz);
         k->src = k->stage;
     }

@@ -37,6 +37,10 @@ struct mw__run {
 void mw__coll_enqueue(struct mw__comm *comm, struct mw__run *k);
 /* Release what @k holds, without touching its future (never queued). */
 void mw__coll_discard(struct mw__run *k);
+/* Where step @st's send reads from; whether its receive lands on that
+ * (then the send goes from a copy taken at the step's start, in k->stage). */
+const uint8_t *mw__step_source(const struct mw__run *k, const struct mw__step *st);
+bool mw__step_overlaps(const struct mw__run *k, const struct mw__step *st);
 /* What both sides of every chunk must agree on. */
 uint32_t mw__coll_signature(int kind, mw_dtype_t dt, mw_op_t op, size_t count, int root);
 
