@@ -5,6 +5,19 @@
  * otherwise; mw_strerror() names the error.  Unless stated, functions are to
  * be called from the thread that runs the context's event loop.
  *
+ * Errors at once or through the future.  A function that returns a future
+ * returns NULL (errno set) only when it cannot make one: out of memory, a
+ * NULL context, or a refused handle (below).  Every other error, bad
+ * arguments included (-EINVAL, -ERANGE, -EFAULT...), fails the future it
+ * returns, with a message saying what was wrong: handle it where you handle
+ * the operation's own failures.  Such a future is failed already when the
+ * call returns; its callbacks still run from the loop.
+ *
+ * Arguments.  Strings, arrays and option structs passed in are read during
+ * the call and copied where kept (address lists, peer lists, opts); the
+ * caller may free or reuse them when it returns.  Data buffers are the
+ * exception: each operation says how long it uses them.
+ *
  * Handles.  Futures, connections, listeners, communicators and
  * registrations (mw_reg) are handles, not addresses.  Once released (a
  * future's last unref, mw_conn_close or mw_conn_abort, mw_listener_free,
@@ -100,8 +113,12 @@ typedef struct mw_ctx_stats {
     uint64_t events;          /**< completion-channel wake-ups handled */
     uint64_t polls;           /**< ibv_poll_cq calls */
     uint64_t completions;     /**< work completions reaped */
-    uint64_t completion_errors; /**< of which with a status other than success */
-    uint64_t stray_completions; /**< wr_id naming no live operation */
+    uint64_t completion_errors; /**< of which failed: a status other than
+                                   success or flush (the device, the peer or
+                                   the link reported an error) */
+    uint64_t stray_completions; /**< of which for an operation already
+                                   released, dropped: mostly flushes of a
+                                   queue pair torn down (below) */
     uint64_t registrations;   /**< ibv_reg_mr calls */
     uint64_t deregistrations; /**< ibv_dereg_mr calls */
     uint64_t reg_cache_hits;  /**< mw_reg() served by an existing registration */
@@ -110,6 +127,13 @@ typedef struct mw_ctx_stats {
     uint64_t protocol_errors; /**< connections failed for what a peer sent
                                    (malformed fragments, credits never given) */
     uint64_t devices;         /**< devices opened (a protection domain each) */
+    uint64_t flushes;         /**< completions that are flushes: work posted
+                                   on a queue pair that then closed or failed,
+                                   returned unexecuted.  Expected, not errors:
+                                   every close flushes the receives it had
+                                   posted, and so does every connect attempt
+                                   a peer refuses (a communicator's ranks
+                                   retry while the others start). */
 } mw_ctx_stats_t;
 
 /** mw_ctx_stats() - copy the context's counters into @out. */
@@ -121,18 +145,24 @@ MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
  * stands for all of its work:
  *
  *     int fd = mw_ctx_fd(ctx);              // add to your loop, for reading
- *     ...when fd is readable (or at once after you queued meshwire work):
+ *     ...whenever fd is readable:
  *     mw_ctx_progress(ctx);                 // runs what is due, never blocks
  *
- * Completions, connection events, timers and hand-offs from other threads
- * all make it readable.  Call mw_ctx_progress() again whenever it is
- * readable; it is level-triggered.  (On a caller's libevent base, run that
- * base instead: mw_ctx_fd() returns -EINVAL there.)
+ * The descriptor is readable exactly when mw_ctx_progress() has something
+ * to do: a completion or a connection event arrived, a deadline passed (of
+ * any timer, whenever it was set), another thread handed work over, or
+ * callbacks became due -- also those made due by your own calls outside
+ * meshwire's callbacks (mw_future_then() on a future already complete, a
+ * failed operation's future), so nothing needs a progress call "just in
+ * case".  It is level-triggered: one call may leave work for the next turn
+ * (it bounds what it runs, so it cannot starve your loop), and then the
+ * descriptor stays readable.  When it is not readable, meshwire has
+ * nothing to do until something arrives: sleep.  (On a caller's libevent
+ * base, run that base instead: mw_ctx_fd() returns -EINVAL there.)
  */
 /** mw_ctx_fd() - the descriptor (owned by the context; do not close it), or
- *  a negative errno.  Ask for it right after mw_ctx_new(), before starting
- *  operations: deadlines of timers set before the first call are not
- *  tracked (their operations still progress on other events). */
+ *  a negative errno.  It may be asked for at any time; the same one is
+ *  returned every time. */
 MW_EXTERN int mw_ctx_fd(mw_ctx_t *ctx);
 /** mw_ctx_progress() - do the work that is due without blocking: 0, or
  *  -EINVAL (not an own base), -EDEADLK (from inside a callback). */
@@ -174,6 +204,19 @@ MW_EXTERN int mw_ctx_call(mw_ctx_t *ctx, mw_start_fn fn, void *arg, void **value
  * Callbacks never run inside the call that registers them, nor inside the
  * call that completes the future: always later, from the context's loop, in
  * the order they became due.  Futures belong to the loop thread.
+ *
+ * A registered callback holds a reference on its future until it has run,
+ * and runs exactly once: when the future completes or, for a future nobody
+ * is left to complete, at mw_ctx_free() (failed -ECANCELED).  So a
+ * caller that only wants the callback lets go at once:
+ *
+ *     mw_future_t *f = mw_send(c, buf, n);
+ *     mw_future_then(f, on_sent, arg);
+ *     mw_future_unref(f);          // on_sent still runs, f lives until then
+ *
+ * A callback may unref the future it is given when it holds a reference to
+ * drop (one its registrant handed over): the future stays valid until the
+ * callback returns.
  */
 
 enum mw_future_state { MW_FUTURE_PENDING = 0, MW_FUTURE_DONE, MW_FUTURE_FAILED };
@@ -223,7 +266,10 @@ MW_EXTERN void *mw_future_value(const mw_future_t *f);
 MW_EXTERN int mw_future_then(mw_future_t *f, mw_then_fn cb, void *arg);
 
 /** mw_future_chain() - a future for "@f, then the future @fn returns".
- *  If @f fails, @fn is not called and the result fails the same way.
+ *  If @f fails, @fn is not called and the result fails the same way.  The
+ *  chain takes its own reference on @f: the caller's stays the caller's.
+ *  Cancelling the result cancels the step @fn returned, if it started;
+ *  @f itself is left alone.
  *  Return: the new future (caller owns it), or NULL when out of memory. */
 MW_EXTERN mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg);
 
@@ -348,7 +394,10 @@ MW_EXTERN int mw_listener_free(mw_listener_t *l);
 
 /**
  * mw_connect() - connect to a peer offering one or more addresses
- * ("HOST[:PORT][,HOST[:PORT]...]"), tried in order of subnet match.
+ * ("HOST[:PORT][,HOST[:PORT]...]"), tried in order of subnet match.  An
+ * address without a port takes the port of the next address written with
+ * one, so "10.0.1.2,10.0.2.2:7480" and "10.0.1.2:7480,10.0.2.2:7480" are
+ * the same; with none after it, opts->default_port.
  * Return: a future whose value is the mw_conn_t * (the caller owns it once
  * the future is done); it fails with the reasons of every address tried:
  * -ECONNREFUSED when a peer refused (nothing listening there), else
@@ -360,7 +409,11 @@ MW_EXTERN int mw_listener_free(mw_listener_t *l);
  */
 MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts);
 
-/** A received message: @data holds @len bytes. Free with mw_msg_free(). */
+/** A received message: @data holds @len bytes, copied out of the receive
+ *  slot.  It is the caller's: valid until mw_msg_free(), also after its
+ *  connection closed, and it holds no credit (the slot went back to the
+ *  peer when it was copied).  Only messages not yet asked for with
+ *  mw_recv() hold credits. */
 typedef struct mw_msg {
     void *data;
     size_t len;
@@ -368,13 +421,17 @@ typedef struct mw_msg {
 MW_EXTERN void mw_msg_free(mw_msg_t *m);
 
 /** mw_send() - send @len bytes (0 allowed) as one message.  @buf stays the
- *  caller's and must not change until the future completes (it is copied
- *  into registered slots as credits allow).  Messages arrive in order. */
+ *  caller's and must not change or be freed until the future completes (it
+ *  is copied into registered slots as credits allow).  Messages arrive in
+ *  order.  Immediate errors (in the future): -EINVAL for a NULL @buf with
+ *  @len > 0, the connection's error once it failed, -ESHUTDOWN once it is
+ *  closing. */
 MW_EXTERN mw_future_t *mw_send(mw_conn_t *c, const void *buf, size_t len);
 
 /** mw_recv() - the next message: a future whose value is an mw_msg_t * the
  *  caller frees.  Messages not yet asked for are kept, up to the credits;
- *  beyond that the sender waits (flow control). */
+ *  beyond that the sender waits (flow control).  Fails with the
+ *  connection's error once it failed, -ESHUTDOWN once it is closed. */
 MW_EXTERN mw_future_t *mw_recv(mw_conn_t *c);
 
 /** A piece of memory the peer may access: pass it to the peer (in a
@@ -389,14 +446,23 @@ typedef struct mw_remote {
  *  from mw_alloc() or mw_reg(), and describe it in @out for the peer.  It
  *  registers exactly that range for remote access (other registrations are
  *  local-only), so whatever a peer sends it reaches nothing else.  The
- *  registration lasts until the connection is freed.  Return: 0, -EFAULT
- *  (not registered memory), -ENOTCONN (no device yet), or the device's error. */
+ *  registration lasts until the connection is freed: keep the memory (and
+ *  its mw_alloc or mw_reg) until the future of mw_conn_close() completes.
+ *  (After mw_conn_abort() nothing tells when the connection is gone: close
+ *  connections that exported memory you will reuse.)  Return: 0, -EINVAL
+ *  (NULL, len 0), -EFAULT (not registered memory), -ENOTCONN (no device
+ *  yet), or the device's error. */
 MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);
 
 /** mw_write() / mw_read() - one-sided RDMA of @len bytes between local
  *  registered memory and @r at @offset.  Bounds are checked against @r
- *  before anything is posted (-ERANGE); large transfers are split and
- *  pipelined. */
+ *  before anything is posted; large transfers are split and pipelined.
+ *  @local must not change (write) or be read (read) until the future
+ *  completes.  Immediate errors (in the future): -EINVAL (NULL @r or
+ *  @local, @len 0 except for mw_write_imm), -ERANGE ([offset, offset+len) not inside @r), -EFAULT
+ *  (@local not from mw_alloc or mw_reg), the connection's error once it
+ *  failed, -ESHUTDOWN once it is closing.  Later: the device's (-EACCES
+ *  when the peer's key or bounds refuse the access). */
 MW_EXTERN mw_future_t *mw_write(mw_conn_t *c, const void *local, size_t len,
                                 const mw_remote_t *r, uint64_t offset);
 MW_EXTERN mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len,
@@ -478,15 +544,25 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
 
 /**
  * mw_comm_create() - join a communicator of @nranks ranks as @rank.
- * @peers: nranks entries; entry i is how to reach rank i: "ADDR[,ADDR...]:PORT"
- *         style as for mw_connect (every address of rank i; each rank
- *         connects through the one on a subnet it shares).  Entry @rank's
- *         port is where this rank listens (on all its addresses).
+ * @peers: nranks entries, read during the call; entry i is how to reach
+ *         rank i: "ADDR[,ADDR...][:PORT]", every address of rank i (IPv4,
+ *         [IPv6] or a name) and one port for all of them, written once at
+ *         the end or after each address alike ("10.0.1.2,10.0.2.2:7480" =
+ *         "10.0.1.2:7480,10.0.2.2:7480"); without one,
+ *         opts->conn.default_port.  An entry naming two different ports is
+ *         refused (-EINVAL).  Each rank connects to rank i through the
+ *         address of entry i on a subnet it shares (the others after it);
+ *         rank @rank listens on every local address at its entry's port.
  * Rank i connects to the ranks below it and accepts the ranks above it: a
  * full mesh of RC connections made through rdma_cm, no other channel; each
  * pair then exchanges the registered scratch regions it writes into.
+ * Ranks may start in any order within opts->timeout_ms; refused attempts
+ * while a peer starts are retried (they show in mw_ctx_stats as flushes).
  * Return: a future whose value is the mw_comm_t * (the caller's, free with
- * mw_comm_free); NULL only when out of memory.
+ * mw_comm_free); NULL only when out of memory.  It fails with -EINVAL for
+ * a bad rank, count or entry, -ETIMEDOUT naming the ranks still missing at
+ * the deadline (failed connects are retried until then), or -EPROTO when a
+ * peer disagrees (another rank count or scratch geometry).
  */
 MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
                                       const char *const *peers, const mw_comm_opts_t *opts);
@@ -501,8 +577,9 @@ MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
  *          as for mw_comm_create ("ADDR[,ADDR...][:PORT]"); "slots=N" after
  *          one makes it N ranks; '#' starts a comment.  An entry without a
  *          port gets MW_PORT (default opts->conn.default_port) plus the
- *          number of earlier entries with the same addresses, so ranks
- *          sharing a host get consecutive ports;
+ *          number of earlier entries written the same way (the same text:
+ *          "node1" and its address count apart), so ranks sharing a host
+ *          get consecutive ports;
  *   size:  the number of entries, checked against MW_WORLD_SIZE, else
  *          WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS when set.
  * Return: as mw_comm_create; a missing or malformed variable fails the
@@ -510,7 +587,11 @@ MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
  */
 MW_EXTERN mw_future_t *mw_comm_create_env(mw_ctx_t *ctx, const mw_comm_opts_t *opts);
 
-/** mw_comm_free() - close the mesh; pending collectives fail -ECANCELED.
+/** mw_comm_free() - close the mesh; this rank's pending collectives fail
+ *  -ECANCELED.  Peers still running a collective that needs this rank fail
+ *  it, with a message naming this rank, and their communicator breaks.  To
+ *  tear a job down cleanly, every rank waits for its collectives, then for
+ *  a final mw_barrier(), then frees.
  *  Return: 0 (also for NULL), or -ESTALE when already freed. */
 MW_EXTERN int mw_comm_free(mw_comm_t *comm);
 MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);
@@ -518,17 +599,72 @@ MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
 
 /*
  * Collectives.  Each returns a future, done when this rank's part is
- * complete and its output buffer holds the result.  Buffers stay the
- * caller's; they need not be registered (they are, through mw_reg's cache,
- * while the collective runs: free for memory from mw_alloc, a registration
- * per call for other memory, so use mw_alloc for buffers used often) and
- * must not change until the future completes.
- * @count is in elements.  Several collectives may be in flight on one
- * communicator; they run in the order issued, and every rank must issue the
- * same sequence (a rank that calls a different collective, count, type or
- * op is detected, and the collective fails on the ranks that notice).
- * In-place: pass the same pointer as input and output.
+ * complete and its output holds the result.
+ *
+ * Buffers, in elements of @dt, on a communicator of N ranks:
+ *
+ *   collective      in                          out
+ *   broadcast       buf: count, the input at the root, the output elsewhere
+ *   reduce          count                       count at the root only
+ *   allreduce       count                       count
+ *   reduce_scatter  count: the whole vector     this rank's block of it:
+ *                                               mw_block_of(count, N, rank)
+ *   allgather       count                       N * count; block b (at
+ *                                               b * count) is rank b's in
+ *   gather          count                       N * count at the root only,
+ *                                               laid out as allgather's
+ *   scatter         N * count at the root only; count: block `rank` of the
+ *                   block b goes to rank b      root's in
+ *   alltoall        N * count; block b goes to  N * count; block b came
+ *                   rank b                      from rank b
+ *
+ * A buffer marked "at the root only" may be NULL elsewhere and is never
+ * touched there; no rank reads or writes beyond the sizes above.  With
+ * count 0 a collective completes in its turn without touching any buffer
+ * (all may be NULL).
+ *
+ * Overlap.  Input and output may overlap in any way, in every collective:
+ * the result is as if the whole input had been read first.  In place is
+ * the same pointer for both (the input read from its start; for
+ * reduce_scatter the block lands at the start), or, for allgather and
+ * gather, the input already at its own block of the output (out +
+ * rank * count, as MPI_IN_PLACE has it).  Where the schedule would
+ * overwrite input it still has to read (alltoall; allreduce forced to
+ * "direct" on 3 ranks or more) meshwire first copies the input aside.
+ *
+ * Buffers stay the caller's; they need not be registered (they are,
+ * through mw_reg's cache, while the collective runs: free for memory from
+ * mw_alloc, a registration per call for other memory, so use mw_alloc for
+ * buffers used often) and must not change until the future completes.
+ *
+ * Several collectives may be in flight on one communicator; they run in
+ * the order issued, and every rank must issue the same sequence (a rank
+ * that calls a different collective, count, type or op is detected, and the
+ * collective fails on the ranks that notice).
+ *
+ * Errors, all through the future: -EINVAL (unknown type or op, a root
+ * outside the communicator, a buffer this rank needs given as NULL, a
+ * byte size that overflows), -ENOMEM or the device's error when the
+ * buffers cannot be registered, -EPROTO when ranks disagree on the
+ * collective, the communicator's error once it broke (a rank lost: every
+ * later collective fails the same way), -ECANCELED after mw_comm_free().
+ *
+ * Results.  Every rank that holds a result holds the same bits: each
+ * element is combined in one order all ranks agree on (f16 and bf16 in
+ * f32, rounded once per combination).  That order is not a loop over
+ * ranks, so floating results may differ in the last bits from a sequential
+ * reduction.  The exception is allreduce forced to "direct"
+ * (MW_ALLREDUCE_ALGO=direct), where each rank sums in its own order.
  */
+
+/** mw_block_of() - where block @rank of @count elements split over
+ *  @nranks lies: the first count % nranks blocks have one element more,
+ *  blocks are contiguous and in rank order.  reduce_scatter gives rank r
+ *  block r.  Thread-safe.
+ *  Return: 0 with *@off and *@len in elements, or -EINVAL (nranks < 1,
+ *  rank outside 0..nranks-1, NULL @off or @len). */
+MW_EXTERN int mw_block_of(size_t count, int nranks, int rank, size_t *off, size_t *len);
+
 MW_EXTERN mw_future_t *mw_barrier(mw_comm_t *comm);
 MW_EXTERN mw_future_t *mw_broadcast(mw_comm_t *comm, void *buf, size_t count, mw_dtype_t dt,
                                     int root);
@@ -539,7 +675,7 @@ MW_EXTERN mw_future_t *mw_allreduce(mw_comm_t *comm, const void *in, void *out, 
 /** @count: elements per rank; @out holds nranks * count, @in count. */
 MW_EXTERN mw_future_t *mw_allgather(mw_comm_t *comm, const void *in, void *out, size_t count,
                                     mw_dtype_t dt);
-/** @count: total elements of @in; rank r's @out gets its block (mw_block_of). */
+/** @count: total elements of @in; rank r's @out gets block r (mw_block_of). */
 MW_EXTERN mw_future_t *mw_reduce_scatter(mw_comm_t *comm, const void *in, void *out,
                                          size_t count, mw_dtype_t dt, mw_op_t op);
 /** @count: elements per rank. */

@@ -148,6 +148,14 @@ static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind,
     return f;
 }
 
+int mw_block_of(size_t count, int nranks, int rank, size_t *off, size_t *len)
+{
+    if (nranks < 1 || rank < 0 || rank >= nranks || !off || !len)
+        return -EINVAL;
+    mw__block(count, nranks, rank, off, len);
+    return 0;
+}
+
 mw_future_t *mw_barrier(mw_comm_t *comm)
 {
     return start(comm, __func__, MW__COLL_BARRIER, NULL, NULL, 0, MW_UINT8, MW_SUM, 0);

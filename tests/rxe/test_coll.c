@@ -104,8 +104,8 @@ static void check_rooted_and_gathers(mw_comm_t *comm, size_t n)
     fill(rin, MW_INT32, total, r, 4);
     if (!wait_ok(mw_reduce_scatter(comm, rin, rout, total, MW_INT32, MW_SUM), "reduce_scatter")) {
         int32_t *ref = reference(MW_INT32, MW_SUM, total, N, 4);
-        size_t off = (total / N) * r + ((size_t)r < total % N ? (size_t)r : total % N);
-        size_t len = total / N + ((size_t)r < total % N);
+        size_t off, len;
+        CHECK(mw_block_of(total, N, r, &off, &len) == 0, "mw_block_of");
         CHECK(!memcmp(rout, ref + off, len * es), "reduce_scatter n=%zu", total);
         free(ref);
     }
@@ -134,6 +134,77 @@ static void check_rooted_and_gathers(mw_comm_t *comm, size_t n)
         }
     free(a_in), free(a_out), free(rin), free(rout), free(all), free(in), free(out), free(b),
         free(want);
+}
+
+/* In place as the header defines it: the same pointer (input read from its
+ * start), or for allgather and gather the input already at its own block
+ * (MPI_IN_PLACE); every collective with count 0 and NULL buffers. */
+static void check_in_place(mw_comm_t *comm, size_t n)
+{
+    int N = mw_comm_size(comm), r = mw_comm_rank(comm), root = N - 1;
+    size_t es = 4;
+    int32_t *buf = calloc(N * n + 1, es), *want = calloc(N * n + 1, es);
+    /* allgather, input at the start, then at its own block */
+    for (int at_block = 0; at_block < 2; at_block++) {
+        int32_t *in = at_block ? buf + r * n : buf;
+        fill(in, MW_INT32, n, r, 10 + at_block);
+        if (!wait_ok(mw_allgather(comm, in, buf, n, MW_INT32), "allgather in place"))
+            for (int q = 0; q < N; q++) {
+                fill(want, MW_INT32, n, q, 10 + at_block);
+                CHECK(!memcmp(buf + q * n, want, n * es), "allgather in place (%s) block %d n=%zu",
+                      at_block ? "at its block" : "same pointer", q, n);
+            }
+    }
+    /* gather to the root, its input at its own block */
+    fill(r == root ? buf + r * n : buf, MW_INT32, n, r, 12);
+    if (!wait_ok(mw_gather(comm, r == root ? buf + r * n : buf, r == root ? buf : NULL, n,
+                           MW_INT32, root), "gather in place") && r == root)
+        for (int q = 0; q < N; q++) {
+            fill(want, MW_INT32, n, q, 12);
+            CHECK(!memcmp(buf + q * n, want, n * es), "gather in place block %d n=%zu", q, n);
+        }
+    /* scatter from the root, its output its own block of the input */
+    for (int q = 0; q < N && r == root; q++)
+        fill(buf + q * n, MW_INT32, n, q, 13);
+    int32_t *out = r == root ? buf + r * n : buf;
+    if (!wait_ok(mw_scatter(comm, r == root ? buf : NULL, out, n, MW_INT32, root),
+                 "scatter in place")) {
+        fill(want, MW_INT32, n, r, 13);
+        CHECK(!memcmp(out, want, n * es), "scatter in place n=%zu", n);
+    }
+    /* reduce_scatter: the same pointer, the block lands at the start */
+    size_t total = n * N + (size_t)(N > 1), off, len;
+    int32_t *rs = calloc(total + 1, es);
+    fill(rs, MW_INT32, total, r, 14);
+    mw_block_of(total, N, r, &off, &len);
+    if (!wait_ok(mw_reduce_scatter(comm, rs, rs, total, MW_INT32, MW_SUM), "reduce_scatter in place")) {
+        int32_t *ref = reference(MW_INT32, MW_SUM, total, N, 14);
+        CHECK(!memcmp(rs, ref + off, len * es), "reduce_scatter in place n=%zu", total);
+        free(ref);
+    }
+    /* alltoall: the same pointer */
+    for (int q = 0; q < N; q++)
+        fill(buf + q * n, MW_INT32, n, r * 100 + q, 15);
+    if (!wait_ok(mw_alltoall(comm, buf, buf, n, MW_INT32), "alltoall in place"))
+        for (int q = 0; q < N; q++) {
+            fill(want, MW_INT32, n, q * 100 + r, 15);
+            CHECK(!memcmp(buf + q * n, want, n * es), "alltoall in place from %d n=%zu", q, n);
+        }
+    /* count 0: NULL everywhere, in turn */
+    mw_future_t *z[8] = {
+        mw_broadcast(comm, NULL, 0, MW_F32, root),
+        mw_reduce(comm, NULL, NULL, 0, MW_F32, MW_SUM, root),
+        mw_allreduce(comm, NULL, NULL, 0, MW_F32, MW_SUM),
+        mw_reduce_scatter(comm, NULL, NULL, 0, MW_F32, MW_SUM),
+        mw_allgather(comm, NULL, NULL, 0, MW_F32),
+        mw_gather(comm, NULL, NULL, 0, MW_F32, root),
+        mw_scatter(comm, NULL, NULL, 0, MW_F32, root),
+        mw_alltoall(comm, NULL, NULL, 0, MW_F32),
+    };
+    for (int i = 0; i < 8; i++)
+        if (wait_ok(z[i], "count 0, NULL buffers"))
+            failures++;
+    free(rs), free(buf), free(want);
 }
 
 /* Several collectives issued at once complete, in issue order. */
@@ -250,20 +321,55 @@ static void check_killed_rank(mw_ctx_t *ctx, mw_comm_t *comm, int rank, int nran
     free(y);
 }
 
+/* An address on the first device's subnet where no host answers. */
+static const char *unreachable_addr(void)
+{
+    static char a[64];
+    snprintf(a, sizeof a, "%s", addrs[0]);
+    char *dot = strrchr(a, '.');
+    if (dot)
+        snprintf(dot + 1, sizeof a - (size_t)(dot + 1 - a), "254");
+    return a;
+}
+
+/* A mesh made through each entry's second address works, and what it cost
+ * on the way (attempts refused while peers started, the first address
+ * failing) shows as flushes, never as completion errors. */
+static void check_multiaddr(mw_ctx_t *ctx, mw_comm_t *comm)
+{
+    check_allreduce(comm, MW_F32, MW_SUM, 4096, false);
+    if (wait_ok(mw_barrier(comm), "barrier"))
+        failures++;
+    mw_ctx_stats_t st;
+    mw_ctx_stats(ctx, &st);
+    fprintf(stderr, "rank %d: %llu completions, %llu flushes, %llu stray, %llu errors\n",
+            mw_comm_rank(comm), (unsigned long long)st.completions,
+            (unsigned long long)st.flushes, (unsigned long long)st.stray_completions,
+            (unsigned long long)st.completion_errors);
+    CHECK(st.completion_errors == 0, "rank %d: %llu completion errors", mw_comm_rank(comm),
+          (unsigned long long)st.completion_errors);
+}
+
 static int run_rank(int rank, int nranks, int port, const char *mode)
 {
     mw_ctx_t *ctx;
     if (mw_ctx_new(&ctx, NULL, NULL))
         return 2;
     char *peers[16];
+    bool multi = !strcmp(mode, "multiaddr");
     for (int r = 0; r < nranks; r++) {
-        peers[r] = malloc(64);
-        snprintf(peers[r], 64, "%s:%d", addrs[1], port + r);
+        peers[r] = malloc(96);
+        if (multi)                          /* "A,B:PORT", A reaching no one */
+            snprintf(peers[r], 96, "%s,%s:%d", unreachable_addr(), addrs[1], port + r);
+        else
+            snprintf(peers[r], 96, "%s:%d", addrs[1], port + r);
     }
     mw_comm_opts_t o;
     mw_comm_opts_init(&o);
     o.timeout_ms = 30000;
     o.slot_size = 64 << 10;                 /* many chunks per step: pipelining */
+    if (multi)
+        o.conn.timeout_ms = 1000;           /* A fails fast */
     mw_future_t *cf = mw_comm_create(ctx, rank, nranks, (const char *const *)peers, &o);
     if (mw_wait(cf)) {
         fprintf(stderr, "rank %d: comm_create: %s\n", rank, mw_future_message(cf));
@@ -284,6 +390,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         failures += rc == 0 || rc == -ETIMEDOUT;
         mw_future_unref(f);
         free(x);
+    } else if (multi) {
+        check_multiaddr(ctx, comm);
     } else if (!strncmp(mode, "kill:", 5)) {
         check_killed_rank(ctx, comm, rank, nranks, mode + 5);
     } else {
@@ -299,6 +407,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         for (size_t s = 0; s < 4; s++)
             check_rooted_and_gathers(comm, sizes[s]);
         check_rooted_and_gathers(comm, (1 << 18) + 3);
+        check_in_place(comm, 7);
+        check_in_place(comm, (1 << 16) + 3);
         check_in_flight(ctx, comm);
         if (wait_ok(mw_barrier(comm), "final barrier"))
             failures++;
@@ -357,6 +467,7 @@ static void ranks_8(void **s)
     run_ranks(8, "all");
 }
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
+static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }
 /* MW_TEST_QUICK (the sanitizer run): allreduce and broadcast only */
 #define KILLED(kind)                                                                    \
     static void killed_in_##kind(void **s)                                              \
@@ -382,7 +493,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranks_1), cmocka_unit_test(ranks_2), cmocka_unit_test(ranks_3),
         cmocka_unit_test(ranks_4), cmocka_unit_test(ranks_5), cmocka_unit_test(ranks_8),
-        cmocka_unit_test(mismatch_3),
+        cmocka_unit_test(mismatch_3), cmocka_unit_test(multiaddr_3),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
         cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
         cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),

@@ -91,6 +91,11 @@ static void bad_values(void **state)
     f = mw_comm_create(ctx, 0, 2, (const char *[]){"a:1", NULL}, NULL);
     assert_int_equal(mw_wait(f), -EINVAL);
     mw_future_unref(f);
+    /* one port per rank: an entry naming two is refused before anything starts */
+    f = mw_comm_create(ctx, 0, 2, (const char *[]){"a:1,b:2", "c:1"}, NULL);
+    assert_int_equal(mw_wait(f), -EINVAL);
+    assert_non_null(strstr(mw_future_message(f), "rank 0"));
+    mw_future_unref(f);
 
     /* a one-rank communicator needs no network: collectives' own checks */
     f = mw_comm_create(ctx, 0, 1, (const char *[]){"localhost:1"}, NULL);
@@ -125,6 +130,29 @@ static void bad_values(void **state)
     mw_ctx_free(ctx);
 }
 
+/* mw_block_of: the split reduce_scatter uses, and its refusals. */
+static void block_of(void **state)
+{
+    (void)state;
+    size_t off = 99, len = 99, sum = 0;
+    for (int r = 0; r < 4; r++) {            /* 10 over 4: 3 3 2 2 */
+        assert_int_equal(mw_block_of(10, 4, r, &off, &len), 0);
+        assert_int_equal(off, sum);
+        assert_int_equal(len, r < 2 ? 3 : 2);
+        sum += len;
+    }
+    assert_int_equal(mw_block_of(2, 3, 2, &off, &len), 0);   /* fewer than ranks */
+    assert_int_equal(len, 0);
+    assert_int_equal(off, 2);
+    assert_int_equal(mw_block_of(0, 1, 0, &off, &len), 0);
+    assert_int_equal(len, 0);
+    assert_int_equal(mw_block_of(10, 0, 0, &off, &len), -EINVAL);
+    assert_int_equal(mw_block_of(10, 4, 4, &off, &len), -EINVAL);
+    assert_int_equal(mw_block_of(10, 4, -1, &off, &len), -EINVAL);
+    assert_int_equal(mw_block_of(10, 4, 0, NULL, &len), -EINVAL);
+    assert_int_equal(mw_block_of(10, 4, 0, &off, NULL), -EINVAL);
+}
+
 static void names_and_errors(void **state)
 {
     (void)state;
@@ -143,6 +171,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(null_handles),
         cmocka_unit_test(bad_values),
+        cmocka_unit_test(block_of),
         cmocka_unit_test(names_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,38 @@
+#!/bin/bash
+# The README's examples, run as a user would: hello's server and its
+# blocking client, the same client on an epoll loop, and allreduce as three
+# processes given their entries on the command line ("A,B:PORT": each rank
+# reached through the address its peers share).
+#   examples.sh HELLO EPOLL_CLIENT ALLREDUCE     (run by meson in the rxe suite)
+set -u
+source "$(dirname "$0")/../lib/rdma.sh"
+need_rdma
+HELLO=$(realpath "$1") EPOLL=$(realpath "$2") ALLREDUCE=$(realpath "$3")
+IFS=, read -ra A <<<"${MW_ADDRS:?}"
+port=$((7200 + RANDOM % 400))
+st=0
+
+# serve_once PORT: hello's server in the background, once it listens
+serve_once() {
+    local log
+    log=$(mktemp)
+    "$HELLO" -l "${A[-1]}:$1" >"$log" 2>&1 & server=$!
+    retry 20 grep -q listening "$log" || { cat "$log"; return 1; }
+    tail -f "$log" --pid=$server &
+}
+
+for client in "$HELLO" "$EPOLL"; do
+    serve_once "$port" || { st=1; continue; }
+    timeout 60 "$client" "${A[0]%.*}.254,${A[-1]}:$port" || st=1   # the first address reaches no one
+    wait $server || st=1
+    port=$((port + 1))
+done
+
+entries=()
+for r in 0 1 2; do entries+=("${A[0]},${A[-1]}:$((port + r))"); done
+pids=()
+for r in 0 1 2; do
+    timeout 120 "$ALLREDUCE" "$r" "${entries[@]}" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || st=1; done
+exit $st
