@@ -278,15 +278,45 @@ MW_EXTERN mw_future_t *mw_future_chain(mw_future_t *f, mw_chain_fn fn, void *arg
  *  a future done at once.  NULL when out of memory or @fs is NULL with n > 0. */
 MW_EXTERN mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n);
 
-/** mw_future_set_timeout() - fail @f with -ETIMEDOUT if still pending after
- *  @ms milliseconds (a later call replaces the deadline).
- *  Return: 0, -EALREADY when complete, -ESHUTDOWN, -ENOMEM. */
+/*
+ * Deadlines and cancels stop the operation.  When a future's deadline
+ * passes, or it is cancelled, the operation behind it stops, and the
+ * future fails (-ETIMEDOUT, -ECANCELED) once the library and the device
+ * are done with everything the caller lent the operation: from the moment
+ * it fails, the caller's buffers are the caller's again (free them, reuse
+ * them).  For most operations that moment is at once; for a one-sided
+ * transfer or a collective with work on the wire, it is when that work
+ * comes back (microseconds to milliseconds; at most the connection's
+ * retry time when the peer is gone).  Each operation says what stopping
+ * means for it:
+ *   mw_recv        leaves the queue of receives: the next message goes to
+ *                  the next receive, none is lost.
+ *   mw_send        nothing of it sent: it never will be.  Part of it sent:
+ *                  the rest is not, and the peer drops what it has of it
+ *                  (never delivered half).  All of it handed to the device:
+ *                  it may still arrive.  Its buffer is free at once.
+ *   mw_write/mw_read/mw_write_imm
+ *                  no further piece is posted (nor the immediate); the
+ *                  pieces posted complete first.  Bytes may have landed.
+ *   mw_connect     the attempt is torn down: no connection comes of it.
+ *   mw_conn_close  the close goes on; nobody waits for it any more.
+ *   mw_comm_create the communicator is torn down, its port freed.
+ *   collectives    the communicator breaks, for every rank (they cannot
+ *                  keep the same sequence without this rank's part): every
+ *                  collective on it fails, here and on the other ranks.
+ * A future nobody made an operation for (mw_future_new) fails at once.
+ */
+
+/** mw_future_set_timeout() - stop the operation behind @f if it is still
+ *  pending after @ms milliseconds; @f fails -ETIMEDOUT (see above for
+ *  when).  A later call replaces the deadline.
+ *  Return: 0, -EALREADY when complete (or stopping already), -ESHUTDOWN,
+ *  -ENOMEM. */
 MW_EXTERN int mw_future_set_timeout(mw_future_t *f, unsigned ms);
 
-/** mw_future_cancel() - fail @f with -ECANCELED and ask the operation behind
- *  it to stop.  Memory handed to an RDMA operation may still be accessed by
- *  the device until the operation's connection is closed.
- *  Return: 0, or -EALREADY when complete. */
+/** mw_future_cancel() - stop the operation behind @f; @f fails -ECANCELED
+ *  (see above for when: it may still be pending when this returns).
+ *  Return: 0, or -EALREADY when complete or stopping already. */
 MW_EXTERN int mw_future_cancel(mw_future_t *f);
 
 /** mw_wait() - run the context's loop until @f completes, sleeping in the
@@ -310,16 +340,27 @@ typedef struct mw_mr mw_mr_t;
 
 /**
  * mw_reg() - register caller memory [addr, addr+len) with every device the
- * context uses, for local and remote access.  A registration that already
- * covers the range is reused (reference counted); overlapping ranges are
- * merged into one registration.  The memory stays the caller's: call
- * mw_dereg() before freeing or unmapping it.
+ * context uses (local access; mw_mem_export grants a peer remote access).
+ * A registration that already covers the range is reused (reference
+ * counted); overlapping ranges are merged into one registration.  The
+ * memory stays the caller's: call mw_dereg() before freeing or unmapping
+ * it.  Registering pins every page: about a second per GiB on soft-RoCE,
+ * in this call (collectives register large buffers off the loop).
  * Return: 0 or -EINVAL (NULL, len 0, overflow), -ENOMEM, or the device's error.
  */
 MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
 
-/** mw_dereg() - drop a registration from mw_reg().  Return: 0, -ESTALE when
- *  already dropped, -EINVAL for NULL or another context's registration. */
+/** mw_dereg() - drop a registration from mw_reg().  Where the kernel can say
+ *  when memory goes (userfaultfd, as Linux offers even to unprivileged
+ *  processes for this use), the registration is kept after its last
+ *  mw_dereg -- the pages stay pinned -- so that registering the same memory
+ *  again (a collective on the same buffer, say) is free; it goes as soon
+ *  as that memory is unmapped, trimmed (madvise) or moved, before any new
+ *  memory at the same address can be served by it, and when kept ones pass
+ *  MW_REG_CACHE_MB (default 1024), oldest first.  Without userfaultfd the
+ *  last mw_dereg deregisters at once.
+ *  Return: 0, -ESTALE when already dropped, -EINVAL for NULL or another
+ *  context's registration. */
 MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
 
 /* ------------------------------------------------------------------------
@@ -329,7 +370,26 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * of mw_connect(), or the accept callback) until mw_conn_close() or
  * mw_conn_abort(); after either, every call on it is refused (-ESTALE).
  * Every operation on it returns a future (NULL, errno set, for a refused
- * handle).  For each peer address the local address whose subnet contains
+ * handle).
+ *
+ * Order.  Operations on one connection -- messages, one-sided writes and
+ * reads, writes with immediate -- are carried out in the order they were
+ * issued: each is handed to the device only after the one before it was,
+ * and the reliable connection executes them in that order at the peer.
+ * So a message sent after a write arrives after the write's data is in
+ * place (write, then notify: no need to wait for the write's future in
+ * between), and a write with immediate is delivered after everything
+ * issued before it.  Futures complete as their work completes, which may
+ * be in another order (a read's data comes back after a later write is
+ * acknowledged, say).
+ *
+ * Failure.  A connection fails -- every pending operation with it -- when
+ * the peer disconnects, when it stops answering while anything waits on it
+ * (keepalive_ms), when the device reports its queue pair broken or its
+ * port down, or when the device goes away; the future's message says
+ * which.
+ *
+ * For each peer address the local address whose subnet contains
  * it (longest prefix) is chosen as the source, so in a direct-connect mesh each peer is reached
  * through the NIC on the link to it; with no match the routing table
  * decides.  Connections belong to the context's loop thread.
@@ -354,10 +414,16 @@ typedef struct mw_conn_opts {
                                    at most this (and the port's max message
                                    size); default 1 MiB */
     unsigned default_port;    /**< port when an address names none; default 7470 */
-    unsigned keepalive_ms;    /**< while receives wait and the peer is silent
-                                   this long, probe it (a zero-length RDMA
-                                   write) so a vanished peer fails them;
-                                   default 0 = timeout_ms */
+    unsigned keepalive_ms;    /**< while anything waits on the peer (a
+                                   receive, an operation queued or in flight)
+                                   and the peer is silent this long, probe it
+                                   (a zero-length RDMA write) so a vanished
+                                   peer fails them; default 0 = timeout_ms */
+    unsigned send_timeout_ms; /**< an operation that waits this long for the
+                                   peer's credits (the peer is alive but does
+                                   not read its messages) fails -ETIMEDOUT,
+                                   within keepalive_ms more; default 60000,
+                                   UINT_MAX: wait for ever */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */
@@ -640,7 +706,14 @@ MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
  * Several collectives may be in flight on one communicator; they run in
  * the order issued, and every rank must issue the same sequence (a rank
  * that calls a different collective, count, type or op is detected, and the
- * collective fails on the ranks that notice).
+ * collective fails on the ranks that notice).  A collective that fails on
+ * one rank before it starts (a bad argument, no memory, a buffer that
+ * cannot be registered), or that is cancelled or times out, breaks the
+ * communicator for every rank, with a message naming that rank: the
+ * others would wait for its part for ever, or run one step out of line.
+ * Allreduce's algorithm is fixed when the communicator is created
+ * (MW_ALLREDUCE_ALGO=ring|rd|direct is read then, and ranks that differ
+ * fail the creation).
  *
  * Errors, all through the future: -EINVAL (unknown type or op, a root
  * outside the communicator, a buffer this rank needs given as NULL, a

@@ -21,16 +21,16 @@ static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
     struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
     struct mw__dev *dev = mw__dev_find(ctx, verbs);
     const char *name = dev ? dev->name : ibv_get_device_name(verbs->device);
-    for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
-        struct mw__conn *c = mw__container_of(i, struct mw__conn, link);
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link) {
         if (!c->id || c->id->verbs != verbs)
             continue;
         mw__conn_fail(c, -ENODEV, "RDMA device %s removed", name);
         mw__conn_drop_attempt(c);
         mw__conn_maybe_finish(c);
     }
-    for (struct mw__list *i = cm->listeners.next; i != &cm->listeners; i = i->next) {
-        struct mw__listener *l = mw__container_of(i, struct mw__listener, link);
+    struct mw__listener *l;
+    mw__list_for_each(l, &cm->listeners, link) {
         if (!l->id || l->id->verbs != verbs)
             continue;
         MW_LOG(ctx, MW_LOG_ERROR, "a listener lost its RDMA device %s: it accepts no more", name);
@@ -84,7 +84,7 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
         return;
     }
     struct mw__conn *c = (struct mw__conn *)kind;
-    if (c->listener || c->state == MW__CONN_ACCEPTING)
+    if (c->side == MW__SIDE_PASSIVE)
         mw__accepted_event(c, ev);
     else
         mw__connect_event(c, ev);
@@ -102,6 +102,54 @@ static void on_cm_readable(evutil_socket_t fd, short what, void *arg)
     while (cm && rdma_get_cm_event(cm->ch, &ev) == 0) {
         dispatch(ctx, ev);
         rdma_ack_cm_event(ev);
+    }
+}
+
+/* A device's trouble, for the connections on it.  With no event the
+ * device is unusable (its CQ failed, or a fatal error): nothing completes
+ * there any more, so each connection fails and loses its queue pair at
+ * once.  A queue pair's own fatal event fails its connection; a port going
+ * down fails the connections through that port. */
+static void cm_device_event(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
+                            const struct ibv_async_event *ev, const char *why)
+{
+    (void)ctx;
+    struct mw__cm *cm = state;
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link) {
+        if (c->dev != dev || !c->id || !c->id->qp)
+            continue;
+        if (!ev) {
+            mw__conn_fail(c, -EIO, "RDMA device %s: %s", dev->name, why);
+            mw__conn_drop_attempt(c);
+            mw__conn_maybe_finish(c);
+        } else if ((ev->event_type == IBV_EVENT_QP_FATAL || ev->event_type == IBV_EVENT_QP_REQ_ERR ||
+                    ev->event_type == IBV_EVENT_QP_ACCESS_ERR ||
+                    ev->event_type == IBV_EVENT_PATH_MIG_ERR) &&
+                   ev->element.qp == c->id->qp) {
+            mw__conn_fail(c, -EIO, "RDMA device %s reported %s on its queue pair", dev->name, why);
+        } else if (ev->event_type == IBV_EVENT_PORT_ERR && ev->element.port_num == c->id->port_num) {
+            mw__conn_fail(c, -ENETDOWN, "port %d of RDMA device %s went down",
+                          ev->element.port_num, dev->name);
+        }
+    }
+}
+
+/* A device that was registering memory is usable (or failed): the
+ * connections waiting for it go on. */
+static void cm_device_ready(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int err)
+{
+    (void)ctx;
+    struct mw__cm *cm = state;
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link) {
+        if (!c->dev_wait || c->dev != dev)
+            continue;
+        c->dev_wait = false;
+        if (c->side == MW__SIDE_ACTIVE)
+            mw__connect_device_ready(c, err);
+        else
+            mw__accept_device_ready(c, err);
     }
 }
 
@@ -155,7 +203,8 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
         return NULL;
     }
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
-    ctx->layers[MW__LAYER_CM] = (struct mw__layer){cm, cm_teardown};
+    ctx->layers[MW__LAYER_CM] =
+        (struct mw__layer){cm, cm_teardown, cm_device_event, cm_device_ready};
     return cm;
 }
 

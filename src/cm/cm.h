@@ -46,10 +46,22 @@ enum mw__conn_state {
     MW__CONN_ESTABLISHED,
     MW__CONN_CLOSING,             /* graceful: draining pending work */
     MW__CONN_DISCONNECTING,       /* rdma_disconnect done, flushing */
-    MW__CONN_BROKEN,              /* failed / peer gone: waiting for the owner */
+    MW__CONN_BROKEN,              /* failed / peer gone: waiting to drain */
     MW__CONN_FREED,
 };
 const char *mw__conn_state_str(enum mw__conn_state s);
+
+/* Which end made the connection, fixed at creation. */
+enum mw__conn_side { MW__SIDE_ACTIVE, MW__SIDE_PASSIVE };
+
+/* Who holds the connection's handle.  A connection is freed once nobody
+ * does (PENDING or RELEASED) and it is drained (mw__conn_drained). */
+enum mw__conn_owner {
+    MW__OWNER_PENDING,            /* not handed over yet: connect future or
+                                     accept callback still to come */
+    MW__OWNER_CALLER,             /* the caller holds the handle */
+    MW__OWNER_RELEASED,           /* closed or aborted: the handle is stale */
+};
 
 struct mw__listener {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
@@ -63,30 +75,43 @@ struct mw__listener {
     struct mw__list link;
 };
 
+/* One operation in a connection's issue order: a message, a one-sided
+ * transfer, or a write with immediate.  The queue posts them strictly in
+ * that order (an operation's first work request only after the one
+ * before it has posted its last), and RC executes them in posting order, so
+ * a message sent after a write arrives after the write's data. */
+enum mw__xfer_kind { MW__XFER_SEND, MW__XFER_RDMA };
+
+struct mw__xfer {
+    struct mw__list link;         /* in c->queue */
+    struct mw__conn *c;
+    enum mw__xfer_kind kind;
+    mw_future_t *f;               /* NULL once completed (early, by a cancel) */
+    unsigned out;                 /* work requests posted, not completed */
+    bool all_posted;              /* nothing more will be posted */
+    int err;                      /* why it failed (0: it has not) */
+};
+
 /* A send in progress: fragments go out as credits allow. */
 struct mw__send {
-    struct mw__list link;
-    mw_future_t *f;
-    const uint8_t *buf;
+    struct mw__xfer x;            /* first */
+    const uint8_t *buf;           /* the caller's, until all is copied */
     size_t len, sent;             /* bytes handed to fragments so far */
     uint64_t msg_id;
-    unsigned frags_out;           /* posted, not completed */
-    bool all_posted;
+    bool discard;                 /* cancelled half way: tell the peer to
+                                     drop what it has of it */
 };
 
 /* A one-sided transfer in progress, split into chunks. */
 struct mw__rdma {
-    struct mw__list link;
-    mw_future_t *f;
+    struct mw__xfer x;            /* first */
     struct mw__op *op;
     enum ibv_wr_opcode opcode;    /* RDMA_WRITE or RDMA_READ */
     bool with_imm;
     uint32_t imm;
     uint8_t *local;
     uint32_t lkey, rkey;
-    uint64_t remote, len, posted, done;
-    unsigned chunks_out;
-    int err;
+    uint64_t remote, len, posted;
 };
 
 struct mw__recv_slot {
@@ -105,16 +130,19 @@ struct mw__msgq {                 /* a received message waiting for mw_recv */
 struct mw__waiter {               /* an mw_recv waiting for a message */
     struct mw__list link;
     mw_future_t *f;
+    struct mw__conn *c;
 };
 
 struct mw__conn {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
-    uint64_t h;                   /* the caller's handle; 0 once closed */
+    uint64_t h;                   /* the caller's handle; 0 once released */
     mw_ctx_t *ctx;
     struct mw__list link;         /* in cm->conns */
+    enum mw__conn_side side;
+    enum mw__conn_owner owner;
+    enum mw__conn_state state;    /* change through mw__conn_set_state */
     struct rdma_cm_id *id;
     struct mw__dev *dev;
-    enum mw__conn_state state;
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
     void (*timer_fn)(struct mw__conn *c);
@@ -129,8 +157,9 @@ struct mw__conn {
     int attempt_err;              /* the error to report when all failed:
                                      a refusal wins, then a timeout */
 
-    /* passive side */
+    /* passive side: the listener it came through, until handed over */
     struct mw__listener *listener;
+    bool dev_wait;                /* setup paused: the device registers memory */
 
     /* the peer's handshake: its receive slots are our send credits */
     struct mw__hello peer;
@@ -151,8 +180,7 @@ struct mw__conn {
 
     /* operations */
     uint64_t next_msg_id;
-    struct mw__list sends;        /* struct mw__send, in order */
-    struct mw__list rdmas;        /* struct mw__rdma, in order */
+    struct mw__list queue;        /* struct mw__xfer, in issue order */
     struct mw__list recv_waiters; /* struct mw__waiter, in order */
     struct mw__list inbox;        /* struct mw__msgq not yet asked for */
     unsigned inbox_len;
@@ -162,12 +190,13 @@ struct mw__conn {
     struct event *pump_ev;        /* zero timer: post more next turn */
     uint64_t budget_turn;         /* ctx->cq_turns when turn_bytes was reset */
     uint64_t turn_bytes;          /* RDMA bytes posted this turn */
-    struct event *probe_ev;       /* keepalive while receives wait */
+    struct event *probe_ev;       /* keepalive while anything waits */
     struct mw__op *probe_op;      /* the probe in flight, if any */
-    struct mw__export *exports;   /* remote-access registrations, mw_mem_export */
     uint64_t rx_activity, rx_seen_at_probe;
+    uint64_t credit_wait_since;   /* ms, when the queue's head began to wait
+                                     for credits (0: it does not) */
+    struct mw__export *exports;   /* remote-access registrations, mw_mem_export */
     mw_future_t *close_f;
-    bool owner_gone;              /* closed/aborted: free once flushed */
     bool disconnected;            /* rdma_disconnect done (or the peer's) */
     int cqe_reserved;             /* CQ entries reserved on dev */
     struct mw__task finish_task;  /* frees the conn from the loop */
@@ -176,6 +205,26 @@ struct mw__conn {
 
     mw_conn_stats_t stats;
 };
+
+/* Whether @c is still being set up (before ESTABLISHED). */
+static inline bool mw__conn_setting_up(const struct mw__conn *c)
+{
+    return c->state == MW__CONN_RESOLVING_ADDR || c->state == MW__CONN_RESOLVING_ROUTE ||
+           c->state == MW__CONN_CONNECTING || c->state == MW__CONN_ACCEPTING;
+}
+
+/* Whether work may be posted on @c (established, or closing gracefully). */
+static inline bool mw__conn_usable(const struct mw__conn *c)
+{
+    return c->state == MW__CONN_ESTABLISHED || c->state == MW__CONN_CLOSING;
+}
+
+/* Everything posted on @c came back (or can no longer): no completion will
+ * ever name it again once its queue pair is gone. */
+static inline bool mw__conn_drained(const struct mw__conn *c)
+{
+    return c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
+}
 
 /* cm.c */
 struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
@@ -193,9 +242,19 @@ struct mw__listener *mw__listener_of(const mw_listener_t *h, const char *fn, int
 mw_conn_t *mw__conn_handle(const struct mw__conn *c);
 /* listen.c: stop listening and free (teardown, mw_listener_free) */
 void mw__listener_free(struct mw__listener *l);
-int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp);
-/* device, QP, buffers, receives; on failure @why says what ran out */
+int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *opts,
+                 struct mw__conn **cp);
+/* mw__conn_set_state() - move @c to @s; a move the life cycle does not
+ * allow is an internal error (an assert in debug builds, a log line else). */
+void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s);
+/* mw__conn_hand_over() - the caller holds @c from now on. */
+void mw__conn_hand_over(struct mw__conn *c);
+/* device, QP, buffers, receives; on failure @why says what ran out.
+ * -EINPROGRESS: the device is still registering memory (c->dev_wait set):
+ * the side's device_ready continues the setup. */
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
+void mw__connect_device_ready(struct mw__conn *c, int err);   /* connect.c */
+void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
 void mw__conn_established(struct mw__conn *c);
@@ -217,18 +276,42 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev);
 void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev);
 
-/* msg.c / rdma.c: the data path */
-void mw__conn_pump(struct mw__conn *c);            /* post what credits allow */
-/* Post queued RDMA chunks, at most @budget work requests and about
- * MW__POST_BYTES_PER_TURN bytes a loop turn (rxe runs its send engine
- * inside ibv_post_send: what one turn posts is time the loop is blind);
- * returns the work requests posted, @deferred set when bytes ran out. */
+/* queue.c: the operations of a connection, in issue order */
+void mw__queue_add(struct mw__conn *c, struct mw__xfer *x, enum mw__xfer_kind kind,
+                   mw_future_t *f);
+void mw__conn_pump(struct mw__conn *c);            /* post what the queue's head allows */
+/* mw__xfer_completed() - one of @x's work requests completed (@err: how):
+ * its future completes, and @x goes, once nothing more will be posted and
+ * none is out. */
+void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, int err);
+/* mw__xfer_complete_early() - complete @x's future now (x->err says how):
+ * the caller's memory is no longer needed.  @x goes too when it is done. */
+void mw__xfer_complete_early(struct mw__conn *c, struct mw__xfer *x);
+/* Stop an operation where it is (cancelled, or no credits for too long):
+ * send.c for messages, rdma.c for one-sided transfers, which complete
+ * only once what they posted is back (the device reads and writes the
+ * caller's memory until then). */
+void mw__send_give_up(struct mw__conn *c, struct mw__send *s, int err);
+void mw__rdma_give_up(struct mw__conn *c, struct mw__rdma *r, int err);
+/* mw__queue_fail_all() - the connection failed: nothing more is posted,
+ * every operation fails with @err once its work requests are back. */
+void mw__queue_fail_all(struct mw__conn *c, int err, const char *why);
+void mw__queue_drop_all(struct mw__conn *c);       /* at free: the QP is gone */
+bool mw__queue_busy(const struct mw__conn *c);
+
+/* msg.c / rdma.c: each kind's posting, a budget of work requests at a time;
+ * they return the work requests posted and set x.all_posted when done.
+ * RDMA posts about MW__POST_BYTES_PER_TURN bytes a loop turn at most (rxe
+ * runs its send engine inside ibv_post_send: what one turn posts is time
+ * the loop is blind); @deferred is set when that ran out, @no_credit when
+ * the operation waits for the peer's credits. */
 #define MW__POST_BYTES_PER_TURN (1u << 20)
-int mw__rdma_pump(struct mw__conn *c, int budget, bool *deferred);
+int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *no_credit);
+int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
+                  bool *no_credit);
+int mw__msg_return_credits(struct mw__conn *c);    /* a credit-only fragment */
 void mw__rdma_new_turn(struct mw__conn *c);  /* a loop turn of its own: budget anew */
-void mw__msg_fail_all(struct mw__conn *c, int err, const char *why);
-void mw__rdma_fail_all(struct mw__conn *c, int err, const char *why);
-void mw__rdma_drop_all(struct mw__conn *c);        /* at free: the QP is gone */
+void mw__recv_fail_all(struct mw__conn *c, int err, const char *why);
 int mw__msg_post_recvs(struct mw__conn *c);
 void mw__msg_free_buffers(struct mw__conn *c);
 /* Established: take what arrived before (on the next loop turn, so an
@@ -237,6 +320,8 @@ void mw__msg_established(struct mw__conn *c);
 /* Take them now: the connection is about to fail (the peer left right
  * after establishment), and what it sent before still counts. */
 void mw__msg_take_early(struct mw__conn *c);
-void mw__probe_arm(struct mw__conn *c);            /* keepalive: see msg.c */
+/* keepalive.c: while anything waits on the peer, probe it when it is
+ * silent; fail a send that waits for credits too long. */
+void mw__keepalive_arm(struct mw__conn *c);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/check.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
@@ -43,6 +44,7 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
         .max_rdma_inflight = 16,
         .chunk_size = 1 << 20,
         .default_port = MW_DEFAULT_PORT,
+        .send_timeout_ms = 60000,
     };
 }
 
@@ -50,9 +52,38 @@ static int check_opts(const mw_conn_opts_t *o)
 {
     if (o->credits < 2 || o->credits > 4096 || o->slot_size < 256 ||
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
-        o->timeout_ms < 1 || o->default_port > 65535)
+        o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1)
         return -EINVAL;
     return 0;
+}
+
+/* The life cycle: which state may follow which (any may go to FREED, at
+ * the context's teardown).  An active connection goes back to resolving
+ * for each address it tries. */
+#define S(x) (1u << MW__CONN_##x)
+static const unsigned next_ok[] = {
+    [MW__CONN_RESOLVING_ADDR] = S(RESOLVING_ADDR) | S(RESOLVING_ROUTE) | S(BROKEN),
+    [MW__CONN_RESOLVING_ROUTE] = S(RESOLVING_ADDR) | S(CONNECTING) | S(BROKEN),
+    [MW__CONN_CONNECTING] = S(RESOLVING_ADDR) | S(ESTABLISHED) | S(BROKEN),
+    [MW__CONN_ACCEPTING] = S(ESTABLISHED) | S(BROKEN),
+    [MW__CONN_ESTABLISHED] = S(CLOSING) | S(BROKEN),
+    [MW__CONN_CLOSING] = S(DISCONNECTING) | S(BROKEN),
+    [MW__CONN_DISCONNECTING] = S(BROKEN),
+    [MW__CONN_BROKEN] = S(BROKEN),
+    [MW__CONN_FREED] = 0,
+};
+#undef S
+
+void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s)
+{
+    MW__CHECK(c->ctx, s == MW__CONN_FREED || (next_ok[c->state] & 1u << s));
+    c->state = s;
+}
+
+void mw__conn_hand_over(struct mw__conn *c)
+{
+    MW__CHECK(c->ctx, c->owner == MW__OWNER_PENDING && c->state == MW__CONN_ESTABLISHED);
+    c->owner = MW__OWNER_CALLER;
 }
 
 static void finish_task(struct mw__task *t)
@@ -60,7 +91,8 @@ static void finish_task(struct mw__task *t)
     mw__conn_free(mw__container_of(t, struct mw__conn, finish_task));
 }
 
-int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp)
+int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *opts,
+                 struct mw__conn **cp)
 {
     mw_conn_opts_t o;
     if (opts)
@@ -70,6 +102,8 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp
     int rc = check_opts(&o);
     if (rc < 0)
         return rc;
+    if (!o.keepalive_ms)
+        o.keepalive_ms = o.timeout_ms;
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
@@ -82,10 +116,12 @@ int mw__conn_new(mw_ctx_t *ctx, const mw_conn_opts_t *opts, struct mw__conn **cp
     }
     c->kind = MW__CM_CONN;
     c->ctx = ctx;
+    c->side = side;
+    c->owner = MW__OWNER_PENDING;
+    c->state = side == MW__SIDE_ACTIVE ? MW__CONN_RESOLVING_ADDR : MW__CONN_ACCEPTING;
     c->opts = o;
     c->finish_task.fn = finish_task;
-    mw__list_init(&c->sends);
-    mw__list_init(&c->rdmas);
+    mw__list_init(&c->queue);
     mw__list_init(&c->recv_waiters);
     mw__list_init(&c->inbox);
     mw__list_add_tail(&cm->conns, &c->link);
@@ -115,6 +151,7 @@ static int create_qp(struct mw__conn *c, char *why, size_t cap)
     c->cqe_reserved = (int)(send_wr + recv_wr);
     struct ibv_cq *cq = dev->cq->cq;
     struct ibv_qp_init_attr a = {
+        .qp_context = c,              /* the device's async events name it */
         .send_cq = cq,
         .recv_cq = cq,
         .qp_type = IBV_QPT_RC,
@@ -136,6 +173,11 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
         return rc;
     }
     snprintf(c->stats.device, sizeof c->stats.device, "%s", c->dev->name);
+    if (!c->dev->ready) {
+        c->dev_wait = true;
+        snprintf(why, cap, "waiting for %s to register memory", c->dev->name);
+        return -EINPROGRESS;
+    }
     mw__addr_str(rdma_get_local_addr(c->id), c->stats.local, sizeof c->stats.local);
     mw__addr_str(rdma_get_peer_addr(c->id), c->stats.remote, sizeof c->stats.remote);
     struct ibv_port_attr pa;
@@ -235,7 +277,7 @@ void mw__conn_established(struct mw__conn *c)
         mw__conn_fail(c, rc, "no memory for send slots");
         return;
     }
-    c->state = MW__CONN_ESTABLISHED;
+    mw__conn_set_state(c, MW__CONN_ESTABLISHED);
     mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s (credits %u, fragment %u bytes)",
            c->stats.local, c->stats.remote, c->stats.device, c->nsend, c->max_frag);
@@ -247,8 +289,8 @@ static void fail_pending(struct mw__conn *c, int err)
 {
     char why[256];
     snprintf(why, sizeof why, "%s: %s", c->stats.remote[0] ? c->stats.remote : "peer", c->why);
-    mw__msg_fail_all(c, err, why);
-    mw__rdma_fail_all(c, err, why);
+    mw__queue_fail_all(c, err, why);
+    mw__recv_fail_all(c, err, why);
     if (c->connect_f) {
         mw_future_fail(c->connect_f, err, "%s", why);
         mw_future_unref(c->connect_f);
@@ -281,13 +323,13 @@ void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
         /* a peer closing, our own abort or teardown, or a connect that
          * failed (its future tells the caller) is an ordinary end */
         bool ordinary = err == -ECONNRESET || err == -ECONNABORTED || err == -ECANCELED ||
-                        c->state < MW__CONN_ESTABLISHED;
+                        mw__conn_setting_up(c);
         MW_LOG(c->ctx, ordinary ? MW_LOG_INFO : MW_LOG_WARN,
                "connection %s -> %s: %s", c->stats.local,
                c->stats.remote[0] ? c->stats.remote : "?", c->why);
     }
     mw__conn_disarm_timer(c);
-    c->state = MW__CONN_BROKEN;
+    mw__conn_set_state(c, MW__CONN_BROKEN);
     fail_pending(c, c->err);
     disconnect(c);
     mw__conn_maybe_finish(c);
@@ -308,7 +350,7 @@ void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what)
      * state ourselves, so the receives still posted come back as flushes. */
     disconnect(c);
     if (c->state == MW__CONN_DISCONNECTING || c->state == MW__CONN_CLOSING) {
-        if (!mw__list_empty(&c->sends) || !mw__list_empty(&c->rdmas))
+        if (mw__queue_busy(c))
             mw__conn_fail(c, err, "%s", what);
         mw__conn_maybe_finish(c);
         return;
@@ -318,19 +360,21 @@ void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what)
 
 void mw__conn_maybe_finish(struct mw__conn *c)
 {
-    if (c->state == MW__CONN_CLOSING && mw__list_empty(&c->sends) && mw__list_empty(&c->rdmas)) {
-        c->state = MW__CONN_DISCONNECTING;
+    if (c->state == MW__CONN_CLOSING && !mw__queue_busy(c)) {
+        mw__conn_set_state(c, MW__CONN_DISCONNECTING);
         disconnect(c);
     }
-    if (c->owner_gone && c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp))
+    /* nobody holds it and nothing can complete on it any more */
+    if (c->owner != MW__OWNER_CALLER && mw__conn_drained(c))
         mw__defer(c->ctx, &c->finish_task);
 }
 
-/* The caller is done with @c (closed, aborted) or never got it: its handle
- * stops matching, and no callback names it again. */
-static void forget_handle(struct mw__conn *c)
+/* The caller is done with @c (closed, aborted): its handle stops matching,
+ * and no callback names it again. */
+static void release_handle(struct mw__conn *c)
 {
-    c->owner_gone = true;
+    MW__CHECK(c->ctx, c->owner == MW__OWNER_CALLER);
+    c->owner = MW__OWNER_RELEASED;
     mw__handle_release(c->h);
     c->h = 0;
     c->imm_fn = NULL;
@@ -340,8 +384,12 @@ void mw__conn_free(struct mw__conn *c)
 {
     if (c->state == MW__CONN_FREED)
         return;
-    c->state = MW__CONN_FREED;
-    forget_handle(c);
+    /* only the context's teardown frees what the caller still holds */
+    MW__CHECK(c->ctx, c->ctx->closing || (c->owner != MW__OWNER_CALLER && mw__conn_drained(c)) ||
+                          !c->id);
+    mw__conn_set_state(c, MW__CONN_FREED);
+    mw__handle_release(c->h);
+    c->h = 0;
     mw__defer_cancel(c->ctx, &c->finish_task);
     mw__list_del(&c->link);
     if (c->timer)
@@ -358,7 +406,7 @@ void mw__conn_free(struct mw__conn *c)
     mw__rdma_drop_exports(c);
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
-    mw__rdma_drop_all(c);
+    mw__queue_drop_all(c);
     mw__msg_free_buffers(c);
     free(c->peers);
     if (c->close_f) {
@@ -386,6 +434,16 @@ mw_conn_t *mw__conn_handle(const struct mw__conn *c)
     return MW__HANDLE_PTR(mw_conn_t, c->h);
 }
 
+/* Cancelling (or a deadline on) the close's future: the close goes on,
+ * only nobody waits for it any more. */
+static void close_cancel(mw_future_t *f, void *arg)
+{
+    struct mw__conn *c = arg;
+    c->close_f = NULL;
+    mw_future_fail(f, -ECANCELED, "cancelled");   /* the recorded error wins */
+    mw_future_unref(f);
+}
+
 mw_future_t *mw_conn_close(mw_conn_t *h)
 {
     int err;
@@ -397,13 +455,12 @@ mw_future_t *mw_conn_close(mw_conn_t *h)
     mw_future_t *f = mw_future_new(c->ctx);
     if (!f)
         return NULL;
-    forget_handle(c);
+    release_handle(c);
     c->close_f = mw_future_ref(f);
+    mw__future_on_cancel(f, close_cancel, c);
     if (c->state == MW__CONN_ESTABLISHED) {
-        c->state = MW__CONN_CLOSING;
+        mw__conn_set_state(c, MW__CONN_CLOSING);
         mw__conn_arm_timer(c, on_close_timeout);
-    } else if (c->state < MW__CONN_ESTABLISHED) {
-        mw__conn_fail(c, -ECANCELED, "closed while connecting");
     }
     mw__conn_maybe_finish(c);
     return f;
@@ -415,8 +472,9 @@ int mw_conn_abort(mw_conn_t *h)
     struct mw__conn *c = mw__conn_of(h, __func__, &err);
     if (!c)
         return err;
-    forget_handle(c);
+    release_handle(c);
     mw__conn_fail(c, -ECONNABORTED, "aborted");
+    mw__conn_maybe_finish(c);
     return 0;
 }
 
@@ -442,9 +500,10 @@ int mw_conn_stats(const mw_conn_t *h, mw_conn_stats_t *out)
     return out ? 0 : -EINVAL;
 }
 
-/* The QP and buffers of a failed attempt go now (nothing posted on a QP
- * that never connected will complete once it is destroyed); the id goes
- * after the current rdma_cm event is acked. */
+/* The QP and buffers go now: a failed attempt's, or a connection's whose
+ * device is gone or broken (nothing posted on a destroyed QP completes, so
+ * what waits for that fails now); the id goes after the current rdma_cm
+ * event is acked. */
 void mw__conn_drop_attempt(struct mw__conn *c)
 {
     if (!c->id)
@@ -455,6 +514,7 @@ void mw__conn_drop_attempt(struct mw__conn *c)
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     c->cqe_reserved = 0;
+    mw__queue_drop_all(c);            /* nothing posted will come back */
     mw__msg_free_buffers(c);
     c->wr_out = 0;
     c->id->context = NULL;

@@ -60,7 +60,6 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
 static void try_next(struct mw__conn *c)
 {
     if (c->next_peer >= c->npeers) {
-        c->owner_gone = true;          /* nobody will ever hold it */
         mw__conn_fail(c, c->attempt_err ? c->attempt_err : -EHOSTUNREACH, "cannot connect: %s",
                       c->tried);
         return;
@@ -74,11 +73,24 @@ static void try_next(struct mw__conn *c)
         attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
         return;
     }
-    c->state = MW__CONN_RESOLVING_ADDR;
+    mw__conn_set_state(c, MW__CONN_RESOLVING_ADDR);
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_resolve_addr(c->id, have_src ? (struct sockaddr *)&src : NULL, peer,
                           (int)c->opts.timeout_ms) < 0)
         attempt_failed(c, -EHOSTUNREACH, "cannot resolve: %s", mw_strerror(-errno));
+}
+
+/* The connect was cancelled or timed out: the attempt stops, the half-made
+ * connection (nobody's) goes with its rdma_cm id and port, and the future
+ * fails now: a caller's connect lends no memory. */
+static void connect_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct mw__conn *c = arg;
+    mw__conn_disarm_timer(c);
+    mw__conn_fail(c, -ECANCELED, "connect cancelled");   /* fails connect_f */
+    mw__conn_drop_attempt(c);
+    mw__conn_maybe_finish(c);
 }
 
 mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *opts)
@@ -91,7 +103,7 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
         return f;
     }
     struct mw__conn *c;
-    int rc = mw__conn_new(ctx, opts, &c);
+    int rc = mw__conn_new(ctx, MW__SIDE_ACTIVE, opts, &c);
     if (rc < 0) {
         mw_future_fail(f, rc, "connect to %s: %s", addrs ? addrs : "(null)",
                        rc == -EINVAL ? "bad options" : mw_strerror(rc));
@@ -102,7 +114,6 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
     if (rc < 0 || c->npeers == 0) {
         mw_future_fail(f, rc < 0 ? rc : -EINVAL, "connect: bad address list \"%s\"",
                        addrs ? addrs : "(null)");
-        c->owner_gone = true;
         mw__conn_free(c);
         return f;
     }
@@ -111,6 +122,7 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
     mw__cm_nics(ctx->layers[MW__LAYER_CM].state, &nics, &n);
     mw__nic_order(nics, n, c->peers, c->npeers);
     c->connect_f = mw_future_ref(f);
+    mw__future_on_cancel(f, connect_cancel, c);
     try_next(c);
     return f;
 }
@@ -119,6 +131,10 @@ static void on_route_resolved(struct mw__conn *c)
 {
     char why[160];
     int rc = mw__conn_setup_qp(c, why, sizeof why);
+    if (rc == -EINPROGRESS) {         /* local work, bounded: no step deadline */
+        mw__conn_disarm_timer(c);
+        return;
+    }
     if (rc < 0) {
         attempt_failed(c, rc, "%s", why);
         return;
@@ -126,10 +142,19 @@ static void on_route_resolved(struct mw__conn *c)
     uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
-    c->state = MW__CONN_CONNECTING;
+    mw__conn_set_state(c, MW__CONN_CONNECTING);
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_connect(c->id, &p) < 0)
         attempt_failed(c, -EHOSTUNREACH, "rdma_connect: %s", mw_strerror(-errno));
+}
+
+void mw__connect_device_ready(struct mw__conn *c, int err)
+{
+    if (err)
+        attempt_failed(c, err, "the RDMA device could not register memory: %s",
+                       mw_strerror(err));
+    else
+        on_route_resolved(c);
 }
 
 static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
@@ -137,7 +162,6 @@ static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
     const char *why = "";
     if (mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                  ev->param.conn.private_data_len, &why) < 0) {
-        c->owner_gone = true;
         mw__conn_fail(c, -EPROTO, "%s is not a meshwire peer: %s", c->stats.remote, why);
         return;
     }
@@ -146,7 +170,8 @@ static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
         return;
     mw_future_t *f = c->connect_f;
     c->connect_f = NULL;
-    mw_future_resolve(f, mw__conn_handle(c)); /* the caller owns c from here */
+    mw__conn_hand_over(c);        /* the caller owns c from here */
+    mw_future_resolve(f, mw__conn_handle(c));
     mw_future_unref(f);
 }
 
@@ -173,7 +198,7 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
     char buf[96];
     switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
-        c->state = MW__CONN_RESOLVING_ROUTE;
+        mw__conn_set_state(c, MW__CONN_RESOLVING_ROUTE);
         mw__conn_arm_timer(c, on_step_timeout);
         if (rdma_resolve_route(c->id, (int)c->opts.timeout_ms) < 0)
             attempt_failed(c, -EHOSTUNREACH, "cannot resolve the route: %s", mw_strerror(-errno));

@@ -104,8 +104,8 @@ void mw__listener_free(struct mw__listener *l)
     struct mw__cm *cm = l->ctx->layers[MW__LAYER_CM].state;
     /* connections still being accepted lose their listener: they are
      * aborted when their setup finishes */
-    for (struct mw__list *i = cm->conns.next; i != &cm->conns; i = i->next) {
-        struct mw__conn *c = mw__container_of(i, struct mw__conn, link);
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link) {
         if (c->listener == l)
             c->listener = NULL;
     }
@@ -128,7 +128,7 @@ int mw_listener_free(mw_listener_t *h)
     return 0;
 }
 
-static void send_reject(struct mw__listener *l, struct rdma_cm_id *id, const char *why)
+static void send_reject(mw_ctx_t *ctx, struct rdma_cm_id *id, const char *why)
 {
     char pd[56];
     int n = snprintf(pd, sizeof pd, MW__REJECT_TAG "%s", why);
@@ -136,7 +136,7 @@ static void send_reject(struct mw__listener *l, struct rdma_cm_id *id, const cha
         n = sizeof pd - 1;
     rdma_reject(id, pd, (uint8_t)(n + 1));
     char a[64];
-    MW_LOG(l->ctx, MW_LOG_WARN, "rejected a connection from %s: %s",
+    MW_LOG(ctx, MW_LOG_WARN, "rejected a connection from %s: %s",
            mw__addr_str(rdma_get_peer_addr(id), a, sizeof a), why);
 }
 
@@ -147,54 +147,64 @@ static void on_accept_timeout(struct mw__conn *c)
     mw__conn_fail(c, -ETIMEDOUT, "accepting timed out after %u ms", c->opts.timeout_ms);
 }
 
-static int accept_request(struct mw__listener *l, struct mw__conn *c, struct rdma_cm_event *ev,
-                          const char **why, char *buf, size_t cap)
+/* Refuse the request behind @c, counted; @c goes once drained. */
+static void refuse(struct mw__conn *c, int rc, const char *why)
+{
+    if (c->listener && rc == -EPROTO)
+        c->listener->stats.rejected++;
+    else if (c->listener)
+        c->listener->stats.failed++;
+    send_reject(c->ctx, c->id, why);
+    mw__conn_drop_attempt(c);          /* the id goes after this event's ack */
+    c->err = rc;
+    mw__conn_maybe_finish(c);
+}
+
+/* The queue pair, then the answer; 0, or an error with *@why. */
+static int answer(struct mw__conn *c, const char **why, char *buf, size_t cap)
 {
     int rc;
-    if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
-                                       ev->param.conn.private_data_len, why)) < 0)
-        return rc;
     *why = buf;
     if ((rc = mw__conn_setup_qp(c, buf, cap)) < 0)
-        return rc;
+        return rc == -EINPROGRESS ? 0 : rc;   /* mw__accept_device_ready goes on */
     uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
     *why = "rdma_accept failed";
     if (rdma_accept(c->id, &p) < 0)
         return -errno;
-    (void)l;
     mw__conn_arm_timer(c, on_accept_timeout);
     return 0;
+}
+
+void mw__accept_device_ready(struct mw__conn *c, int err)
+{
+    char reason[160];
+    const char *why = "the RDMA device could not register memory";
+    int rc = err ? err : answer(c, &why, reason, sizeof reason);
+    if (rc < 0)
+        refuse(c, rc, why);
 }
 
 static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
 {
     struct mw__conn *c;
     const char *why = "out of memory";
-    int rc = mw__conn_new(l->ctx, &l->opts, &c);
+    int rc = mw__conn_new(l->ctx, MW__SIDE_PASSIVE, &l->opts, &c);
     if (rc < 0) {
         l->stats.failed++;
-        send_reject(l, ev->id, why);
+        send_reject(l->ctx, ev->id, why);
         mw__cm_destroy_id_later(l->ctx, ev->id);
         return;
     }
     c->id = ev->id;
     c->id->context = c;
     c->listener = l;
-    c->state = MW__CONN_ACCEPTING;
-    c->owner_gone = true;              /* until handed to the callback */
     char reason[160];
-    if ((rc = accept_request(l, c, ev, &why, reason, sizeof reason)) < 0) {
-        if (rc == -EPROTO)
-            l->stats.rejected++;
-        else
-            l->stats.failed++;
-        send_reject(l, c->id, why);
-        mw__conn_drop_attempt(c);      /* the id goes after this event's ack */
-        c->err = rc;
-        mw__conn_maybe_finish(c);
-    }
+    if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
+                                       ev->param.conn.private_data_len, &why)) < 0 ||
+        (rc = answer(c, &why, reason, sizeof reason)) < 0)
+        refuse(c, rc, why);
 }
 
 void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev)
@@ -222,7 +232,7 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
         return;
     }
     c->listener = NULL;
-    c->owner_gone = false;
+    mw__conn_hand_over(c);
     l->stats.accepted++;
     l->cb(MW__HANDLE_PTR(mw_listener_t, l->h), mw__conn_handle(c), l->arg);
 }

@@ -1,10 +1,11 @@
-/* Two-sided messages: fragments in registered slots, credit-based flow
- * control (a slot reposted is a credit owed to the peer, carried back in the
- * next fragment or, when owed a lot and idle, in a credit-only fragment; the
- * last credit is kept for that so the two sides can never both wait), and
- * reassembly of messages larger than a slot. */
+/* Two-sided messages, the receiving side: fragments land in registered
+ * slots; a slot reposted is a credit owed to the peer (send.c carries it
+ * back); messages larger than a slot are reassembled; messages nobody has
+ * asked for yet wait in the inbox, up to the credits -- beyond that slots
+ * stay parked and the peer waits: that is the flow control. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +17,6 @@
 #include "core/future.h"
 #include "core/mem.h"
 #include "core/op.h"
-
-#define POSTS_PER_TURN 32      /* bound what one loop turn posts (rxe posts inline) */
 
 /* --- receive slots ------------------------------------------------------- */
 
@@ -62,13 +61,6 @@ int mw__msg_post_recvs(struct mw__conn *c)
 
 void mw__msg_free_buffers(struct mw__conn *c)
 {
-    while (!mw__list_empty(&c->sends)) {   /* nothing posted comes back now */
-        struct mw__send *s = mw__container_of(c->sends.next, struct mw__send, link);
-        mw_future_fail(s->f, c->err ? c->err : -ECANCELED, "%s: connection closed", c->stats.remote);
-        mw_future_unref(s->f);
-        mw__list_del(&s->link);
-        free(s);
-    }
     for (unsigned i = 0; c->slots && i < c->opts.credits; i++)
         if (c->slots[i].op)
             mw__op_put(c->ctx, c->slots[i].op);
@@ -85,29 +77,30 @@ void mw__msg_free_buffers(struct mw__conn *c)
     c->free_send = NULL;
     free(c->rx.buf);
     c->rx.buf = NULL;
-    while (!mw__list_empty(&c->inbox)) {
-        struct mw__msgq *q = mw__container_of(c->inbox.next, struct mw__msgq, link);
+    struct mw__msgq *q;
+    mw__list_for_each(q, &c->inbox, link) {
         mw__list_del(&q->link);
         free(q->msg.data);
         free(q);
     }
-    while (!mw__list_empty(&c->recv_waiters)) {   /* a close finished with them waiting */
-        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
-        mw__list_del(&w->link);
-        mw_future_fail(w->f, c->err ? c->err : -ECANCELED, "%s: connection closed",
-                       c->stats.remote);
-        mw_future_unref(w->f);
-        free(w);
-    }
+    c->inbox_len = 0;
+    /* a close that finished with receives waiting */
+    char why[128];
+    snprintf(why, sizeof why, "%s: connection closed", c->stats.remote);
+    mw__recv_fail_all(c, c->err ? c->err : -ECANCELED, why);
 }
 
 /* A slot is reposted (a credit owed) unless the inbox is full: then it is
- * parked, and the peer runs out of credits -- that is the flow control. */
-static void recycle_slot(struct mw__conn *c, unsigned i)
+ * parked, and the peer runs out of credits -- that is the flow control.
+ * A slot that carried no message (credits, a discard, an immediate) grows
+ * no inbox and is always reposted: the peer's credit returns must get
+ * through even while nobody reads here (this side may be waiting for
+ * them to send). */
+static void recycle_slot(struct mw__conn *c, unsigned i, bool control)
 {
-    if (c->state != MW__CONN_ESTABLISHED && c->state != MW__CONN_CLOSING)
+    if (!mw__conn_usable(c))
         return;
-    if (c->inbox_len >= c->opts.credits) {
+    if (!control && c->inbox_len >= c->opts.credits) {
         c->slots_parked++;
         return;
     }
@@ -123,7 +116,7 @@ static void unpark_slots(struct mw__conn *c)
     for (unsigned i = 0; c->slots_parked && i < c->opts.credits; i++)
         if (!c->slots[i].posted) {
             c->slots_parked--;
-            recycle_slot(c, i);
+            recycle_slot(c, i, false);
         }
 }
 
@@ -141,8 +134,8 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
 {
     c->stats.msgs_received++;
     c->stats.bytes_received += len;
-    if (!mw__list_empty(&c->recv_waiters)) {
-        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
+    struct mw__waiter *w = mw__list_first(&c->recv_waiters, struct mw__waiter, link);
+    if (w) {
         mw__list_del(&w->link);
         mw_future_t *f = w->f;
         free(w);
@@ -194,7 +187,8 @@ static int take_data(struct mw__conn *c, const struct mw__frag *fr, const uint8_
     return 0;
 }
 
-static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len)
+/* @control: it carried no message data. */
+static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *control)
 {
     struct mw__frag fr;
     const char *why = "";
@@ -203,10 +197,22 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len)
         mw__conn_fail(c, -EPROTO, "malformed fragment from the peer: %s", why);
         return rc;
     }
+    *control = fr.type != MW__FRAG_DATA;
     c->send_credits += fr.credits;
     if (c->send_credits > c->nsend) {
         mw__conn_fail(c, -EPROTO, "the peer returned more credits than it was given");
         return -EPROTO;
+    }
+    if (fr.type == MW__FRAG_DISCARD) {
+        if (!c->rx.active || c->rx.id != fr.msg_id) {
+            mw__conn_fail(c, -EPROTO, "the peer discarded message %llu, not in progress",
+                          (unsigned long long)fr.msg_id);
+            return -EPROTO;
+        }
+        free(c->rx.buf);          /* its send was cancelled half way */
+        c->rx.buf = NULL;
+        c->rx.active = false;
+        return 0;
     }
     if (fr.type == MW__FRAG_DATA && (rc = take_data(c, &fr, buf + MW__FRAG_HDR_LEN)) < 0) {
         mw__conn_fail(c, rc, rc == -ENOMEM ? "no memory for a %llu-byte message"
@@ -223,14 +229,16 @@ static void take_slot(struct mw__conn *c, unsigned i)
     struct mw__recv_slot *s = &c->slots[i];
     if (s->with_imm) {
         c->stats.imms_received++;
-        recycle_slot(c, i);
+        recycle_slot(c, i, true);
         if (c->imm_fn)
             c->imm_fn(mw__conn_handle(c), s->imm, c->imm_arg);
-        else if (!c->owner_gone)          /* after close nobody listens */
+        else if (c->owner == MW__OWNER_CALLER)   /* after close nobody listens */
             MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
                    c->stats.remote, s->imm);
-    } else if (take_frag(c, s->buf, s->len) == 0) {
-        recycle_slot(c, i);
+    } else {
+        bool control = false;
+        if (take_frag(c, s->buf, s->len, &control) == 0)
+            recycle_slot(c, i, control);
     }
 }
 
@@ -260,7 +268,7 @@ void mw__msg_take_early(struct mw__conn *c)
     unsigned n = c->nearly;
     c->nearly = 0;
     for (unsigned k = 0; k < n; k++)
-        if (c->state == MW__CONN_ESTABLISHED || c->state == MW__CONN_CLOSING)
+        if (mw__conn_usable(c))
             take_slot(c, c->early[k]);
     after_taking(c);
 }
@@ -298,12 +306,42 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
     s->with_imm = wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM;
     s->imm = ntohl(wc->imm_data);
     s->len = wc->byte_len;
-    if (c->state < MW__CONN_ESTABLISHED || c->nearly) {   /* behind the early ones */
+    if (mw__conn_setting_up(c) || c->nearly) {   /* behind the early ones */
         keep_early(c, i);
         return;
     }
     take_slot(c, i);
     after_taking(c);
+}
+
+/* A receive cancelled or timed out leaves the queue of waiters at once:
+ * the next message goes to the next receive, and none is lost. */
+static void recv_cancel(mw_future_t *f, void *arg)
+{
+    struct mw__waiter *w = arg;
+    mw__list_del(&w->link);
+    mw_future_fail(f, -ECANCELED, "cancelled");   /* the recorded error wins */
+    mw_future_unref(w->f);
+    free(w);
+}
+
+/* The first message waiting in the inbox, to @f. */
+static void take_inbox(struct mw__conn *c, mw_future_t *f)
+{
+    struct mw__msgq *q = mw__list_first(&c->inbox, struct mw__msgq, link);
+    mw__list_del(&q->link);
+    c->inbox_len--;
+    mw_msg_t *m = malloc(sizeof *m);
+    if (m) {
+        *m = q->msg;
+        mw_future_resolve(f, m);
+    } else {
+        free(q->msg.data);
+        mw_future_fail(f, -ENOMEM, "no memory");
+    }
+    free(q);
+    unpark_slots(c);
+    mw__conn_pump(c);             /* the credits owed may go now */
 }
 
 mw_future_t *mw_recv(mw_conn_t *h)
@@ -318,23 +356,10 @@ mw_future_t *mw_recv(mw_conn_t *h)
     if (!f)
         return NULL;
     if (!mw__list_empty(&c->inbox)) {
-        struct mw__msgq *q = mw__container_of(c->inbox.next, struct mw__msgq, link);
-        mw__list_del(&q->link);
-        c->inbox_len--;
-        mw_msg_t *m = malloc(sizeof *m);
-        if (m) {
-            *m = q->msg;
-            mw_future_resolve(f, m);
-        } else {
-            free(q->msg.data);
-            mw_future_fail(f, -ENOMEM, "no memory");
-        }
-        free(q);
-        unpark_slots(c);
-        mw__conn_pump(c);
+        take_inbox(c, f);
         return f;
     }
-    if (c->err || c->owner_gone) {
+    if (c->err) {                 /* the caller holds it: established, or broken */
         mw_future_fail(f, c->err ? c->err : -ESHUTDOWN, "%s: %s", c->stats.remote,
                        c->err ? c->why : "connection closed");
         return f;
@@ -344,276 +369,20 @@ mw_future_t *mw_recv(mw_conn_t *h)
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
     }
-    w->f = mw_future_ref(f);
+    *w = (struct mw__waiter){.f = mw_future_ref(f), .c = c};
     mw__list_add_tail(&c->recv_waiters, &w->link);
-    mw__probe_arm(c);
+    mw__future_on_cancel(f, recv_cancel, w);
+    mw__keepalive_arm(c);
     return f;
 }
 
-/* --- sending ------------------------------------------------------------- */
-
-static void on_send_done(struct mw__op *op, const struct ibv_wc *wc);
-
-static uint8_t *send_slot(struct mw__conn *c, unsigned i)
+void mw__recv_fail_all(struct mw__conn *c, int err, const char *why)
 {
-    return c->send_mem + (size_t)i * (c->max_frag + MW__FRAG_HDR_LEN);
-}
-
-/* Post one fragment: @s may be NULL for a credit-only fragment. */
-static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr)
-{
-    unsigned slot = c->free_send[--c->nfree_send];
-    struct mw__op *op = mw__op_get(c->ctx, on_send_done, NULL, c);
-    if (!op) {
-        c->nfree_send++;
-        return -ENOMEM;
-    }
-    op->u64[0] = slot;
-    op->u64[1] = (uintptr_t)s;
-    uint8_t *buf = send_slot(c, slot);
-    unsigned give = c->credits_owed > 0xffff ? 0xffff : c->credits_owed;
-    fr->credits = (uint16_t)give;
-    mw__frag_encode(fr, buf, MW__FRAG_HDR_LEN);
-    if (s)
-        memcpy(buf + MW__FRAG_HDR_LEN, s->buf + fr->offset, fr->len);
-    struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = MW__FRAG_HDR_LEN + fr->len};
-    uint32_t rkey;
-    int rc = mw__mem_keys(c->ctx, c->dev, buf, sge.length, &sge.lkey, &rkey);
-    struct ibv_send_wr wr = {.wr_id = op->wr_id, .sg_list = &sge, .num_sge = 1,
-                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (rc == 0 && (rc = -ibv_post_send(c->id->qp, &wr, &bad)) == 0) {
-        c->credits_owed -= give;
-        c->send_credits--;
-        c->wr_out++;
-        return 0;
-    }
-    mw__op_put(c->ctx, op);
-    c->free_send[c->nfree_send++] = slot;
-    return rc;
-}
-
-static struct mw__send *next_unposted(struct mw__conn *c)
-{
-    for (struct mw__list *l = c->sends.next; l != &c->sends; l = l->next) {
-        struct mw__send *s = mw__container_of(l, struct mw__send, link);
-        if (!s->all_posted)
-            return s;
-    }
-    return NULL;
-}
-
-/* Post data fragments while credits last (keeping the last one for credit
- * returns), then a credit-only fragment if much is owed.  Returns the
- * number of work requests posted. */
-static int pump_msgs(struct mw__conn *c, int budget)
-{
-    int posted = 0;
-    struct mw__send *s;
-    while (posted < budget && c->send_credits > 1 && c->nfree_send && (s = next_unposted(c))) {
-        size_t n = s->len - s->sent < c->max_frag ? s->len - s->sent : c->max_frag;
-        struct mw__frag fr = {.type = MW__FRAG_DATA, .len = (uint32_t)n, .msg_id = s->msg_id,
-                              .total = s->len, .offset = s->sent};
-        fr.flags = (s->sent == 0 ? MW__FRAG_FIRST : 0) | (s->sent + n == s->len ? MW__FRAG_LAST : 0);
-        int rc = post_frag(c, s, &fr);
-        if (rc < 0) {
-            mw__conn_fail(c, rc, "posting a send failed");
-            return posted;
-        }
-        s->sent += n;
-        s->frags_out++;
-        s->all_posted = s->sent == s->len;
-        posted++;
-    }
-    if (c->send_credits == 0 && next_unposted(c))
-        c->stats.credit_waits++;
-    /* Data that could go has gone above, carrying the credits owed; if many
-     * are still owed, nothing can carry them (no data, or no credits for
-     * data): the reserved last credit sends them alone.  Its slot, reposted
-     * by the peer, is one credit owed back: below the threshold, so the two
-     * sides never ping-pong credit messages. */
-    if (c->credits_owed >= (c->opts.credits + 1) / 2 && c->send_credits && c->nfree_send) {
-        struct mw__frag fr = {.type = MW__FRAG_CREDIT};
-        if (post_frag(c, NULL, &fr) == 0)
-            posted++;
-    }
-    return posted;
-}
-
-static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
-{
-    struct mw__conn *c = op->owner;
-    struct mw__send *s = (struct mw__send *)(uintptr_t)op->u64[1];
-    c->free_send[c->nfree_send++] = (unsigned)op->u64[0];
-    c->wr_out--;
-    mw__op_put(c->ctx, op);
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        mw__conn_fail(c, mw__wc_errno(wc->status), "send failed: %s", ibv_wc_status_str(wc->status));
-    if (s && --s->frags_out == 0 && (s->all_posted || c->err)) {
-        if (wc->status == IBV_WC_SUCCESS && s->all_posted) {
-            c->stats.msgs_sent++;
-            c->stats.bytes_sent += s->len;
-            mw_future_resolve(s->f, NULL);
-        } else {
-            mw_future_fail(s->f, c->err ? c->err : mw__wc_errno(wc->status), "%s: %s",
-                           c->stats.remote, c->err ? c->why : ibv_wc_status_str(wc->status));
-        }
-        mw_future_unref(s->f);
-        mw__list_del(&s->link);
-        free(s);
-    }
-    mw__conn_pump(c);
-    mw__conn_maybe_finish(c);
-}
-
-/* Fail what is pending; records with fragments still posted stay until
- * those come back (flushed), so the completions never touch freed memory. */
-void mw__msg_fail_all(struct mw__conn *c, int err, const char *why)
-{
-    struct mw__list *l = c->sends.next;
-    while (l != &c->sends) {
-        struct mw__send *s = mw__container_of(l, struct mw__send, link);
-        l = l->next;
-        mw_future_fail(s->f, err, "%s", why);
-        s->all_posted = true;
-        if (s->frags_out == 0) {
-            mw_future_unref(s->f);
-            mw__list_del(&s->link);
-            free(s);
-        }
-    }
-    while (!mw__list_empty(&c->recv_waiters)) {
-        struct mw__waiter *w = mw__container_of(c->recv_waiters.next, struct mw__waiter, link);
+    struct mw__waiter *w;
+    mw__list_for_each(w, &c->recv_waiters, link) {
         mw__list_del(&w->link);
         mw_future_fail(w->f, err, "%s", why);
         mw_future_unref(w->f);
         free(w);
     }
-}
-
-static int refuse(struct mw__conn *c)
-{
-    if (c->err)
-        return c->err;
-    return c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
-}
-
-mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
-{
-    int err;
-    struct mw__conn *c = mw__conn_of(h, __func__, &err);
-    if (!c) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(c->ctx);
-    if (!f)
-        return NULL;
-    int rc = refuse(c);
-    if (rc < 0 || (!buf && len)) {
-        mw_future_fail(f, rc < 0 ? rc : -EINVAL, "%s", rc < 0 ? c->why : "NULL buffer");
-        return f;
-    }
-    struct mw__send *s = calloc(1, sizeof *s);
-    if (!s) {
-        mw_future_fail(f, -ENOMEM, "no memory");
-        return f;
-    }
-    *s = (struct mw__send){.f = mw_future_ref(f), .buf = buf, .len = len,
-                           .msg_id = ++c->next_msg_id};
-    mw__list_add_tail(&c->sends, &s->link);
-    mw__conn_pump(c);
-    return f;
-}
-
-/* --- the pump ------------------------------------------------------------ */
-
-static void on_pump(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    mw__rdma_new_turn(arg);
-    mw__conn_pump(arg);
-}
-
-void mw__conn_pump(struct mw__conn *c)
-{
-    if (c->state != MW__CONN_ESTABLISHED && c->state != MW__CONN_CLOSING)
-        return;
-    int budget = POSTS_PER_TURN;
-    bool deferred = false;
-    budget -= pump_msgs(c, budget);
-    budget -= mw__rdma_pump(c, budget, &deferred);
-    if (budget <= 0 || deferred) {   /* more may be waiting: continue next turn */
-        if (!c->pump_ev)
-            c->pump_ev = evtimer_new(c->ctx->base, on_pump, c);
-        if (c->pump_ev)
-            mw__ev_add(c->ctx, c->pump_ev, &mw__zero_tv);
-    }
-    mw__conn_maybe_finish(c);
-}
-
-/* --- keepalive ----------------------------------------------------------- */
-
-/* A receive can wait forever on a peer whose host or link silently went
- * away: nothing is in flight to time out.  So while receives wait and
- * nothing arrives for keepalive_ms, a zero-length RDMA write probes the peer:
- * it needs no credit and no remote memory, and its retries fail it (and the
- * connection) when nobody answers.  An idle connection with no waiters
- * sends nothing and wakes nobody. */
-static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
-{
-    struct mw__conn *c = op->owner;
-    c->wr_out--;
-    c->probe_op = NULL;
-    mw__op_put(c->ctx, op);
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        mw__conn_fail(c, mw__wc_errno(wc->status), "peer not responding (keepalive: %s)",
-                      ibv_wc_status_str(wc->status));
-    else
-        mw__probe_arm(c);
-    mw__conn_maybe_finish(c);
-}
-
-static void send_probe(struct mw__conn *c)
-{
-    struct mw__op *op = mw__op_get(c->ctx, on_probe_done, NULL, c);
-    if (!op)
-        return;
-    struct ibv_send_wr wr = {.wr_id = op->wr_id, .opcode = IBV_WR_RDMA_WRITE,
-                             .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (ibv_post_send(c->id->qp, &wr, &bad)) {
-        mw__op_put(c->ctx, op);
-        return;
-    }
-    c->probe_op = op;
-    c->wr_out++;
-}
-
-static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    struct mw__conn *c = arg;
-    if (c->state != MW__CONN_ESTABLISHED || mw__list_empty(&c->recv_waiters) || c->probe_op)
-        return;
-    if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
-        c->rx_seen_at_probe = c->rx_activity;
-        mw__probe_arm(c);
-        return;
-    }
-    send_probe(c);
-}
-
-void mw__probe_arm(struct mw__conn *c)
-{
-    if (mw__list_empty(&c->recv_waiters) || c->state != MW__CONN_ESTABLISHED)
-        return;
-    if (!c->probe_ev && !(c->probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
-        return;
-    if (evtimer_pending(c->probe_ev, NULL))
-        return;
-    unsigned ms = c->opts.keepalive_ms ? c->opts.keepalive_ms : c->opts.timeout_ms;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    c->rx_seen_at_probe = c->rx_activity;
-    mw__ev_add(c->ctx, c->probe_ev, &tv);
 }

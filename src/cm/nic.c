@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <ifaddrs.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 #include <net/if_arp.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -133,43 +134,37 @@ static size_t gid_table_size(struct ibv_context *ctx)
     return total;
 }
 
-/* A device we cannot open or query is skipped, not fatal: another process
- * may hold it exclusively, or it is going away; the others still work. */
-static int ndevs_of_device(struct ibv_device *d, struct ndev_vec *nv)
+/* A device we cannot query is skipped, not fatal: it may be going away;
+ * the others still work. */
+static int ndevs_of_device(struct ibv_context *ctx, struct ndev_vec *nv)
 {
-    struct ibv_context *ctx = ibv_open_device(d);
-    if (!ctx)
-        return 0;
     int rc = 0;
-    struct ibv_gid_entry *e = NULL;
     size_t max = gid_table_size(ctx);
-    if (max == 0)
-        goto out;
-    e = calloc(max, sizeof(*e));
-    if (!e) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    ssize_t got = ibv_query_gid_table(ctx, e, max, 0);
+    struct ibv_gid_entry *e = max ? calloc(max, sizeof(*e)) : NULL;
+    if (max && !e)
+        return -ENOMEM;
+    ssize_t got = max ? ibv_query_gid_table(ctx, e, max, 0) : 0;
     for (ssize_t i = 0; i < got && rc == 0; i++)
-        rc = ndev_add_entry(nv, &e[i], ibv_get_device_name(d));
-out:
+        rc = ndev_add_entry(nv, &e[i], ibv_get_device_name(ctx->device));
     free(e);
-    ibv_close_device(ctx);
     return rc;
 }
 
+/* The devices rdma_cm itself has open (it opens each once a process and
+ * keeps it): listing them again after an address changed costs queries,
+ * not device opens. */
 static int ndevs_from_verbs(struct ndev_vec *nv)
 {
     int num = 0;
     errno = 0;
-    struct ibv_device **list = ibv_get_device_list(&num);
-    if (!list) /* ENOSYS: the kernel has no RDMA support, so no devices */
-        return errno == ENOSYS ? 0 : -(errno ? errno : ENOMEM);
+    struct ibv_context **list = rdma_get_devices(&num);
+    if (!list)   /* no RDMA support in the kernel, or no device: none */
+        return errno == ENODEV || errno == ENOSYS || errno == ENOENT || !errno
+                   ? 0 : -(errno ? errno : ENOMEM);
     int rc = 0;
     for (int i = 0; i < num && rc == 0; i++)
         rc = ndevs_of_device(list[i], nv);
-    ibv_free_device_list(list);
+    rdma_free_devices(list);
     return rc;
 }
 

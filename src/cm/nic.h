@@ -50,11 +50,13 @@ struct mw__nic_ndev {
  * @out: receives a malloc'd array (NULL when empty); the caller free()s it.
  * @n:   receives its length, possibly 0.
  *
- * Devices come from ibv_query_gid_table() (no sysfs walk), addresses from
- * getifaddrs().  IPv6 link-local addresses are listed too (rdma_cm can use
- * them); mw__nic_choose() matches them by scope id, not by prefix.  A device
- * that cannot be opened or queried is skipped.  No RDMA support in the
- * kernel is not an error: *n == 0.
+ * Devices are rdma_cm's (rdma_get_devices: opened once a process), their
+ * netdevs from ibv_query_gid_table() (no sysfs walk), addresses from
+ * getifaddrs(): cheap enough to list again whenever an address changes.
+ * IPv6 link-local addresses are listed too (rdma_cm can use them);
+ * mw__nic_choose() matches them by scope id, not by prefix.  A device that
+ * cannot be queried is skipped.  No RDMA support in the kernel is not an
+ * error: *n == 0.
  * Return: 0 or a negative errno (-ENOMEM, getifaddrs' error).
  */
 int mw__nic_list(struct mw__nic **out, size_t *n);

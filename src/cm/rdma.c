@@ -1,8 +1,9 @@
 /* One-sided operations: bounds and keys checked before anything is posted,
  * large transfers split into chunks and pipelined with a bounded number in
- * flight; a write with immediate puts its immediate on the last chunk (RC
- * delivers in order, so it lands after all the data) and spends a credit,
- * because it consumes one of the peer's receive slots. */
+ * flight, in the connection's issue order (queue.c); a write with
+ * immediate puts its immediate on the last chunk (RC delivers in order, so
+ * it lands after all the data) and spends a credit, because it consumes
+ * one of the peer's receive slots. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdint.h>
@@ -75,44 +76,22 @@ static uint64_t chunk_of(const struct mw__conn *c)
     return c->max_msg && c->max_msg < chunk ? c->max_msg : chunk;
 }
 
-static uint64_t chunks_in(const struct mw__conn *c, const struct mw__rdma *r)
-{
-    return r->len ? (r->len + chunk_of(c) - 1) / chunk_of(c) : 1;
-}
-
-static void finish(struct mw__conn *c, struct mw__rdma *r)
-{
-    if (r->err)
-        mw_future_fail(r->f, r->err, "%s: %s", c->stats.remote,
-                       c->err ? c->why : "RDMA operation failed");
-    else
-        mw_future_resolve(r->f, NULL);
-    mw_future_unref(r->f);
-    mw__op_put(c->ctx, r->op);
-    mw__list_del(&r->link);
-    free(r);
-}
-
 static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
     struct mw__conn *c = op->owner;
     c->wr_out--;
     c->rdma_out--;
-    r->chunks_out--;
-    r->done++;
     bool read = r->opcode == IBV_WR_RDMA_READ;
-    if (wc->status != IBV_WC_SUCCESS && !r->err)
-        r->err = wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
-    if (r->chunks_out == 0 && (r->done == chunks_in(c, r) || r->err))
-        finish(c, r);
-    /* after finish: failing the connection finishes what is left, and must
-     * not find @r (finished) still listed */
+    int err = wc->status == IBV_WC_SUCCESS ? 0
+              : wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
+    /* first @r (it may go): failing the connection fails what is left,
+     * and must not find @r still listed */
+    mw__xfer_completed(c, &r->x, err);
     if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        mw__conn_fail(c, mw__wc_errno(wc->status), "RDMA %s failed: %s", read ? "read" : "write",
+        mw__conn_fail(c, err, "RDMA %s failed: %s", read ? "read" : "write",
                       ibv_wc_status_str(wc->status));
     mw__conn_pump(c);
-    mw__conn_maybe_finish(c);
 }
 
 static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
@@ -136,8 +115,9 @@ static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
     if (last && r->with_imm)
         c->send_credits--;
     r->posted += n;
+    r->x.all_posted = last;
     c->turn_bytes += n;
-    r->chunks_out++;
+    r->x.out++;
     c->rdma_out++;
     c->wr_out++;
     c->stats.rdma_bytes += n;
@@ -157,50 +137,45 @@ static bool turn_bytes_spent(struct mw__conn *c)
     return c->turn_bytes >= MW__POST_BYTES_PER_TURN;
 }
 
-static bool all_posted(const struct mw__conn *c, const struct mw__rdma *r)
-{
-    return r->done + r->chunks_out == chunks_in(c, r);
-}
-
-int mw__rdma_pump(struct mw__conn *c, int budget, bool *deferred)
+int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
+                  bool *no_credit)
 {
     int posted = 0;
-    for (struct mw__list *l = c->rdmas.next; l != &c->rdmas && posted < budget; l = l->next) {
-        struct mw__rdma *r = mw__container_of(l, struct mw__rdma, link);
-        while (!all_posted(c, r) && !r->err && c->rdma_out < c->opts.max_rdma_inflight &&
-               posted < budget) {
-            bool last = r->len - r->posted <= chunk_of(c);
-            if (last && r->with_imm && c->send_credits <= 1)
-                return posted;          /* the immediate waits for a credit */
-            if (turn_bytes_spent(c)) {
-                *deferred = true;       /* the rest next turn */
-                return posted;
-            }
-            int rc = post_chunk(c, r);
-            if (rc < 0) {
-                mw__conn_fail(c, rc, "posting an RDMA operation failed");
-                return posted;
-            }
-            posted++;
-        }
-        if (c->rdma_out >= c->opts.max_rdma_inflight)
+    while (!r->x.all_posted && c->rdma_out < c->opts.max_rdma_inflight && posted < budget) {
+        bool last = r->len - r->posted <= chunk_of(c);
+        if (last && r->with_imm && c->send_credits <= 1) {
+            *no_credit = true;        /* the immediate waits for a credit */
             break;
+        }
+        if (turn_bytes_spent(c)) {
+            *deferred = true;         /* the rest next turn */
+            break;
+        }
+        int rc = post_chunk(c, r);
+        if (rc < 0) {
+            mw__conn_fail(c, rc, "posting an RDMA operation failed");
+            break;
+        }
+        posted++;
     }
     return posted;
 }
 
-void mw__rdma_fail_all(struct mw__conn *c, int err, const char *why)
+void mw__rdma_give_up(struct mw__conn *c, struct mw__rdma *r, int err)
 {
-    (void)why;
-    struct mw__list *l = c->rdmas.next;
-    while (l != &c->rdmas) {
-        struct mw__rdma *r = mw__container_of(l, struct mw__rdma, link);
-        l = l->next;
-        if (!r->err)
-            r->err = err;
-        if (r->chunks_out == 0)
-            finish(c, r);             /* the rest come back as flushes */
-    }
+    r->x.all_posted = true;
+    if (!r->x.err)
+        r->x.err = err;
+    if (r->x.out == 0)
+        mw__xfer_complete_early(c, &r->x);
+    mw__conn_pump(c);             /* what was queued behind it */
+}
+
+static void rdma_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct mw__rdma *r = arg;
+    mw__rdma_give_up(r->x.c, r, -ECANCELED);
 }
 
 static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcode, void *local,
@@ -240,11 +215,17 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
         mw_future_fail(f, rc, "%s: %s", c->stats.remote, why);
         return f;
     }
-    *r = (struct mw__rdma){.f = mw_future_ref(f), .op = r->op, .opcode = opcode,
-                           .with_imm = with_imm, .imm = imm, .local = local, .lkey = lkey,
-                           .rkey = rem->rkey, .remote = rem->addr + offset, .len = len};
+    r->opcode = opcode;
+    r->with_imm = with_imm;
+    r->imm = imm;
+    r->local = local;
+    r->lkey = lkey;
+    r->rkey = rem->rkey;
+    r->remote = rem->addr + offset;
+    r->len = len;
     r->op->u64[0] = (uintptr_t)r;
-    mw__list_add_tail(&c->rdmas, &r->link);
+    mw__queue_add(c, &r->x, MW__XFER_RDMA, f);
+    mw__future_on_cancel(f, rdma_cancel, r);
     if (opcode == IBV_WR_RDMA_READ)
         c->stats.reads++;
     else
@@ -269,16 +250,4 @@ mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len, const mw_remote_t *r
                      uint64_t offset)
 {
     return start(c, __func__, IBV_WR_RDMA_READ, local, len, r, offset, false, 0);
-}
-
-/* The connection is being freed with its QP destroyed: nothing posted will
- * come back, so records still waiting for completions go now. */
-void mw__rdma_drop_all(struct mw__conn *c)
-{
-    while (!mw__list_empty(&c->rdmas)) {
-        struct mw__rdma *r = mw__container_of(c->rdmas.next, struct mw__rdma, link);
-        if (!r->err)
-            r->err = c->err ? c->err : -ECANCELED;
-        finish(c, r);
-    }
 }

@@ -174,7 +174,8 @@ static void frag_read(const uint8_t *p, struct mw__frag *f)
     f->offset = get64(p + 24);
 }
 
-/* CREDIT and CLOSE carry only the header (credits may ride on any type). */
+/* CREDIT, CLOSE and DISCARD carry only the header (credits may ride on any
+ * type; DISCARD names its message in msg_id). */
 static const char *control_check(const struct mw__frag *f)
 {
     if (f->len != 0)
@@ -202,7 +203,7 @@ static const char *data_check(const struct mw__frag *f)
 static const char *frag_check(const struct mw__frag *f, size_t payload)
 {
     if (f->type != MW__FRAG_DATA && f->type != MW__FRAG_CREDIT &&
-        f->type != MW__FRAG_CLOSE)
+        f->type != MW__FRAG_CLOSE && f->type != MW__FRAG_DISCARD)
         return "unknown fragment type";
     if (f->flags & ~MW__FRAG_FLAGS_ALL)
         return "unknown fragment flags";

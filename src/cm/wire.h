@@ -26,7 +26,7 @@
  * ------------------------------------------------------------------------ */
 
 #define MW__HELLO_MAGIC 0x4d574952u /* "MWIR" */
-#define MW__HELLO_VERSION 1
+#define MW__HELLO_VERSION 2   /* 2: DISCARD fragments */
 #define MW__HELLO_LEN 36
 #define MW__PRIVATE_DATA_MAX 56 /* rdma_connect/rdma_accept on RC */
 
@@ -88,7 +88,9 @@ int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const c
 
 #define MW__FRAG_HDR_LEN 32
 
-enum { MW__FRAG_DATA = 1, MW__FRAG_CREDIT = 2, MW__FRAG_CLOSE = 3 };
+/* DISCARD: the message msg_id, begun with DATA fragments, will not be
+ * finished (its send was cancelled): drop what arrived of it. */
+enum { MW__FRAG_DATA = 1, MW__FRAG_CREDIT = 2, MW__FRAG_CLOSE = 3, MW__FRAG_DISCARD = 4 };
 enum { MW__FRAG_FIRST = 1, MW__FRAG_LAST = 2 };
 #define MW__FRAG_FLAGS_ALL (MW__FRAG_FIRST | MW__FRAG_LAST)
 
@@ -97,7 +99,7 @@ struct mw__frag {
     uint8_t flags;    /* MW__FRAG_FIRST / MW__FRAG_LAST; DATA only */
     uint16_t credits; /* receive slots returned to the peer (any type) */
     uint32_t len;     /* payload bytes after the header; 0 unless DATA */
-    uint64_t msg_id;
+    uint64_t msg_id;  /* DATA, DISCARD: the message */
     uint64_t total;   /* DATA: whole message length; else 0 */
     uint64_t offset;  /* DATA: payload position in the message; else 0 */
 };

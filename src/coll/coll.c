@@ -11,6 +11,8 @@
 #include "coll/reduce.h"
 #include "coll/sched.h"
 #include "core/ctx.h"
+#include "core/future.h"
+#include "core/mem.h"
 
 /* Below this many bytes allreduce uses recursive doubling (log2 n steps of
  * the whole vector), from it on the ring (2(n-1) steps of 1/n of it).
@@ -20,24 +22,41 @@
  * ranks; at 256 KiB the ring is 1.1-1.4x faster. */
 #define ALLREDUCE_RD_BELOW (64u << 10)
 
-static enum mw__algo algo_for(enum mw__coll_kind kind, size_t bytes)
+/* Every rank picks the same: the size is part of the signature, and the
+ * override (MW_ALLREDUCE_ALGO) was fixed at creation, the same on all. */
+static enum mw__algo algo_for(const struct mw__comm *comm, enum mw__coll_kind kind, size_t bytes)
 {
     if (kind != MW__COLL_ALLREDUCE)
         return MW__ALGO_AUTO;
-    /* MW_ALLREDUCE_ALGO=ring|rd|direct overrides, for measuring the switch point */
-    const char *a = getenv("MW_ALLREDUCE_ALGO");
-    if (a && !strcmp(a, "ring"))
-        return MW__ALGO_RING;
-    if (a && !strcmp(a, "rd"))
-        return MW__ALGO_RECURSIVE_DOUBLING;
-    if (a && !strcmp(a, "direct"))
-        return MW__ALGO_DIRECT;
+    if (comm->allreduce_algo != MW__ALGO_AUTO)
+        return (enum mw__algo)comm->allreduce_algo;
     return bytes < ALLREDUCE_RD_BELOW ? MW__ALGO_RECURSIVE_DOUBLING : MW__ALGO_RING;
 }
 
-static int register_user(struct mw__comm *comm, const void *p, size_t bytes, mw_mr_t **mr)
+static void on_in_registered(void *arg, mw_mr_t *mr, int err)
 {
-    return bytes ? mw_reg(comm->ctx, (void *)p, bytes, mr) : 0;
+    struct mw__run *k = arg;
+    k->mr_in = mr;
+    mw__coll_registered(k, err);
+}
+
+static void on_out_registered(void *arg, mw_mr_t *mr, int err)
+{
+    struct mw__run *k = arg;
+    k->mr_out = mr;
+    mw__coll_registered(k, err);
+}
+
+/* The caller's buffer, registered through the cache (free when it was
+ * before); a large one not yet registered is, off the loop, and the run
+ * waits for it before it starts. */
+static int register_user(struct mw__run *k, const void *p, size_t bytes, mw_mr_t **mr,
+                         void (*done)(void *arg, mw_mr_t *mr, int err))
+{
+    int rc = bytes ? mw__reg_async(k->comm->ctx, (void *)p, bytes, mr, done, k) : 0;
+    if (rc == 1)
+        k->regs_pending++;
+    return rc < 0 ? rc : 0;
 }
 
 /* Where the result lives and what the input is; 0 or a negative errno. */
@@ -68,10 +87,12 @@ static int setup_buffers(struct mw__run *k, const void *in, void *out)
         }
     }
     int rc = 0;
-    if (k->in != k->in_copy)
-        rc = register_user(comm, k->in, in_bytes, &k->mr_in);
+    /* in place: one registration covers both */
+    bool covered = k->res == out && k->in == (const uint8_t *)out && in_bytes <= res_bytes;
+    if (k->in != k->in_copy && !covered)
+        rc = register_user(k, k->in, in_bytes, &k->mr_in, on_in_registered);
     if (!rc && k->res == out)
-        rc = register_user(comm, out, res_bytes, &k->mr_out);
+        rc = register_user(k, out, res_bytes, &k->mr_out, on_out_registered);
     return rc;
 }
 
@@ -98,7 +119,7 @@ static int prepare(struct mw__run *k, enum mw__coll_kind kind, const void *in, v
     *why = "unknown type or op";
     if (!k->esz || (reducing && (unsigned)k->op >= MW_OP_COUNT))
         return -EINVAL;
-    int rc = mw__sched_build(kind, algo_for(kind, count * k->esz), k->comm->nranks,
+    int rc = mw__sched_build(kind, algo_for(k->comm, kind, count * k->esz), k->comm->nranks,
                              k->comm->rank, root, count, &k->s);
     *why = rc == -ENOMEM ? "no memory" : "bad count or root";
     if (rc)
@@ -109,6 +130,18 @@ static int prepare(struct mw__run *k, enum mw__coll_kind kind, const void *in, v
     }
     *why = "no memory";
     return setup_stage(k);
+}
+
+/* A collective cannot leave the sequence alone: the other ranks would wait
+ * for its part.  Cancelling one (or its deadline) breaks the communicator
+ * for every rank; its future fails once its writes in flight are back. */
+static void coll_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct mw__run *k = arg;
+    mw__comm_abort(k->comm, MW__ABORT_CANCELLED, k->comm->rank, -ECANCELED,
+                   "%s was cancelled or timed out on rank %d", mw__coll_name(k->s.kind),
+                   k->comm->rank);
 }
 
 static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind, const void *in,
@@ -136,14 +169,19 @@ static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind,
     const char *why;
     int rc = prepare(k, kind, in, out, count, root, &why);
     if (rc) {
+        /* The others would wait for this rank's part, and this rank's
+         * sequence would be one behind theirs: nobody can go on. */
         mw_future_fail(f, rc, "%s: %s", mw__coll_name(kind), why);
-        mw__coll_discard(k);
+        mw__coll_discard_later(k, rc, why);
+        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, rc, "%s failed on rank %d before "
+                       "it started: %s", mw__coll_name(kind), comm->rank, why);
         return f;
     }
     k->chunk_elems = comm->opts.slot_size / k->esz;
     k->seq = comm->seq++;
-    k->sig_base = mw__coll_signature(kind, dt, op, count, root);
+    k->sig_base = mw__coll_signature(kind, k->s.algo, dt, op, count, root);
     k->f = mw_future_ref(f);
+    mw__future_on_cancel(f, coll_cancel, k);
     mw__coll_enqueue(comm, k);
     return f;
 }

@@ -14,14 +14,16 @@
 
 #include "cm/nic.h"
 #include "coll/comm.h"
+#include "coll/sched.h"
 #include "core/ctx.h"
+#include "core/future.h"
 #include "core/handle.h"
 
 #define HELLO_MAGIC 0x4d57434du   /* "MWCM" */
 #define RETRY_MS 200
 
 struct hello {                    /* the first message each way */
-    uint32_t magic, rank, nranks, slots, slot_size, pad;
+    uint32_t magic, rank, nranks, slots, slot_size, algo;
     mw_remote_t scratch;
 };
 
@@ -168,16 +170,19 @@ static void free_arg(mw_future_t *f, void *arg)
     free(arg);
 }
 
-static int send_hello(struct mw__comm *comm, struct mw__peer *p)
+/* Our hello on @c, with the scratch @c's peer writes into (none: only to
+ * tell a peer that disagrees what we are). */
+static int send_hello(struct mw__comm *comm, mw_conn_t *c, uint8_t *scratch)
 {
     struct hello *m = malloc(sizeof *m);         /* lives until the send is done */
     if (!m)
         return -ENOMEM;
     *m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
                         .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
-                        .slot_size = comm->opts.slot_size};
-    int rc = mw_mem_export(p->conn, p->scratch, scratch_bytes(comm), &m->scratch);
-    mw_future_t *f = rc ? NULL : mw_send(p->conn, m, sizeof *m);
+                        .slot_size = comm->opts.slot_size,
+                        .algo = (uint32_t)comm->allreduce_algo};
+    int rc = scratch ? mw_mem_export(c, scratch, scratch_bytes(comm), &m->scratch) : 0;
+    mw_future_t *f = rc ? NULL : mw_send(c, m, sizeof *m);
     if (!f) {
         free(m);
         return rc ? rc : -ENOMEM;
@@ -187,18 +192,26 @@ static int send_hello(struct mw__comm *comm, struct mw__peer *p)
     return 0;
 }
 
-static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, int expect_rank)
+/* What is wrong with a peer's hello, or NULL.  *@ours: it is a rank of this
+ * communicator, set up differently (the job is misconfigured, not a
+ * stranger at our port). */
+static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, int expect_rank,
+                               bool *ours)
 {
     const struct hello *h = m->data;
+    *ours = false;
     if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
         return "not a communicator hello";
     if ((int)h->nranks != comm->nranks)
         return "nranks differs";
-    if (h->slots != comm->opts.slots || h->slot_size != comm->opts.slot_size)
-        return "scratch geometry differs";
     if (expect_rank >= 0 ? (int)h->rank != expect_rank
                          : ((int)h->rank <= comm->rank || (int)h->rank >= comm->nranks))
         return "unexpected rank";
+    *ours = true;
+    if (h->slots != comm->opts.slots || h->slot_size != comm->opts.slot_size)
+        return "scratch geometry differs";
+    if ((int)h->algo != comm->allreduce_algo)
+        return "MW_ALLREDUCE_ALGO differs";
     if (h->scratch.len < scratch_bytes(comm))
         return "scratch too small";
     return NULL;
@@ -249,16 +262,23 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     struct accepting *a = arg;
     struct mw__comm *comm = a->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
+    bool ours = false;
     const char *bad = mw__comm_freed(comm) ? "communicator gone"
-                      : m                  ? check_hello(comm, m, -1)
+                      : m                  ? check_hello(comm, m, -1, &ours)
                                            : "no hello";
-    int r = m && !bad ? (int)((struct hello *)m->data)->rank : -1;
+    int r = m ? (int)((struct hello *)m->data)->rank : -1;
     if (!bad && alloc_peer(comm, r, a->conn) < 0)
         bad = "duplicate rank or no memory";
-    if (bad) {
+    if (bad && ours) {
+        /* A rank of ours, set up otherwise: tell it what we are (it fails
+         * with the reason too), and nobody can go on. */
+        send_hello(comm, a->conn, NULL);
+        mw_future_unref(mw_conn_close(a->conn));
+        mw__comm_fail(comm, -EPROTO, "rank %d: %s", r, bad);
+    } else if (bad) {
         MW_LOG(comm->ctx, MW_LOG_WARN, "communicator rank %d: refused a peer: %s", comm->rank, bad);
         mw_conn_abort(a->conn);
-    } else if (send_hello(comm, &comm->peers[r]) < 0) {
+    } else if (send_hello(comm, a->conn, comm->peers[r].scratch) < 0) {
         mw__comm_fail(comm, -ENOMEM, "cannot answer rank %d", r);
     } else {
         peer_ready(&comm->peers[r], m->data);
@@ -302,7 +322,8 @@ static void on_peer_hello(mw_future_t *f, void *arg)
     struct mw__peer *p = arg;
     struct mw__comm *comm = p->comm;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
-    const char *bad = m ? check_hello(comm, m, p->rank) : mw_future_message(f);
+    bool ours;
+    const char *bad = m ? check_hello(comm, m, p->rank, &ours) : mw_future_message(f);
     if (mw__comm_freed(comm))
         ;
     else if (bad)
@@ -325,7 +346,8 @@ static void on_connected(mw_future_t *f, void *arg)
         mw_conn_t *c = mw_future_value(f);
         struct mw__peer *p = &comm->peers[k->rank];
         mw_future_t *h = NULL;
-        if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, p) < 0 || !(h = mw_recv(c))) {
+        if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, c, p->scratch) < 0 ||
+            !(h = mw_recv(c))) {
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
         } else {
             mw__comm_ref(comm);
@@ -449,7 +471,7 @@ static struct colls *colls_get(mw_ctx_t *ctx)
     struct colls *cl = ctx->layers[MW__LAYER_COLL].state;
     if (!cl && (cl = calloc(1, sizeof *cl))) {
         mw__list_init(&cl->comms);
-        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){cl, colls_teardown};
+        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){cl, colls_teardown, NULL, NULL};
     }
     return cl;
 }
@@ -482,6 +504,27 @@ static struct mw__comm *comm_new(mw_ctx_t *ctx, int rank, int nranks, const mw_c
     return comm;
 }
 
+/* MW_ALLREDUCE_ALGO=ring|rd|direct forces allreduce's algorithm (for
+ * measuring the switch point); read once, here, and part of the hello. */
+static int allreduce_algo_from_env(int *algo)
+{
+    const char *a = getenv("MW_ALLREDUCE_ALGO");
+    *algo = !a || !*a              ? MW__ALGO_AUTO
+            : !strcmp(a, "ring")   ? MW__ALGO_RING
+            : !strcmp(a, "rd")     ? MW__ALGO_RECURSIVE_DOUBLING
+            : !strcmp(a, "direct") ? MW__ALGO_DIRECT
+                                   : -1;
+    return *algo < 0 ? -EINVAL : 0;
+}
+
+/* A creation cancelled or timed out is torn down: connections closed,
+ * the listener (and its port) freed, the communicator gone. */
+static void create_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    comm_close(arg, "creation cancelled or timed out");
+}
+
 mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *const *peers,
                             const mw_comm_opts_t *opts)
 {
@@ -506,16 +549,24 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
             return f;
         }
     }
+    int algo;
+    if (allreduce_algo_from_env(&algo) < 0) {
+        mw_future_fail(f, -EINVAL, "MW_ALLREDUCE_ALGO=%s: ring, rd or direct",
+                       getenv("MW_ALLREDUCE_ALGO"));
+        return f;
+    }
     struct mw__comm *comm = comm_new(ctx, rank, nranks, opts);
     if (!comm) {
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
     }
+    comm->allreduce_algo = algo;
     if (nranks == 1) {
         mw_future_resolve(f, handle_of(comm));
         return f;
     }
     comm->create_f = mw_future_ref(f);
+    mw__future_on_cancel(f, create_cancel, comm);
     comm->deadline = evtimer_new(ctx->base, on_deadline, comm);
     int rc = comm->deadline ? start(comm, peers) : -ENOMEM;
     if (rc < 0)

@@ -53,6 +53,8 @@ struct mw__comm {
     int err;                      /* the mesh broke: every collective fails */
     char why[160];
     uint8_t seq;                  /* of the next collective, on the wire */
+    int allreduce_algo;           /* enum mw__algo: MW_ALLREDUCE_ALGO, read at
+                                     creation and agreed by every rank's hello */
     struct mw__list colls;        /* in issue order; the head executes */
 };
 
@@ -79,7 +81,13 @@ void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
 void mw__coll_advance(struct mw__comm *comm);
 void mw__coll_fail_all(struct mw__comm *comm, int err, const char *why);
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg);
-enum mw__abort_why { MW__ABORT_OTHER = 0, MW__ABORT_LOST, MW__ABORT_MISMATCH };
+enum mw__abort_why {
+    MW__ABORT_OTHER = 0,
+    MW__ABORT_LOST,               /* a rank died or left */
+    MW__ABORT_MISMATCH,           /* ranks ran different collectives */
+    MW__ABORT_CANCELLED,          /* a collective was cancelled or timed out */
+    MW__ABORT_LOCAL,              /* a collective failed on one rank before it started */
+};
 /* mw__comm_abort() - break @comm (mw__comm_fail) and tell every live peer,
  * naming @culprit, so ranks waiting on ranks that gave up fail too. */
 void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, int err,

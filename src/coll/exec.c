@@ -67,23 +67,66 @@ void mw__coll_discard(struct mw__run *k)
     free(k);
 }
 
-static void finish(struct mw__run *k, int err, const char *why)
+/* The run is over and nothing of it is in flight: its future completes,
+ * its buffers and registrations go. */
+static void release_run(struct mw__run *k)
 {
     struct mw__comm *comm = k->comm;
-    if (err)
-        mw_future_fail(k->f, err, "%s on rank %d: %s", mw__coll_name(k->s.kind), comm->rank, why);
-    else
+    if (k->f && k->err)
+        mw_future_fail(k->f, k->err, "%s on rank %d: %s", mw__coll_name(k->s.kind), comm->rank,
+                       k->why);
+    else if (k->f)
         mw_future_resolve(k->f, NULL);
     mw_future_unref(k->f);
-    mw__list_del(&k->link);
     mw__coll_discard(k);
     mw__comm_unref(comm);
 }
 
-uint32_t mw__coll_signature(int kind, mw_dtype_t dt, mw_op_t op, size_t count, int root)
+static void finished(struct mw__run *k, int err, const char *why)
+{
+    k->finished = true;
+    k->err = err;
+    snprintf(k->why, sizeof k->why, "%s", why ? why : "");
+    if (k->writes_out == 0 && k->regs_pending == 0)
+        release_run(k);
+}
+
+/* Take @k out of the queue: it neither writes nor reduces into the
+ * caller's buffers any more; it completes once nothing of it is in
+ * flight (writes reading its buffers, registrations of them). */
+static void finish(struct mw__run *k, int err, const char *why)
+{
+    mw__list_del(&k->link);
+    finished(k, err, why);
+}
+
+void mw__coll_discard_later(struct mw__run *k, int err, const char *why)
+{
+    mw__comm_ref(k->comm);        /* as a queued run holds it */
+    finished(k, err, why);
+}
+
+void mw__coll_registered(struct mw__run *k, int err)
+{
+    k->regs_pending--;
+    if (k->finished) {
+        if (k->writes_out == 0 && k->regs_pending == 0)
+            release_run(k);
+    } else if (err) {
+        mw__comm_abort(k->comm, MW__ABORT_LOCAL, k->comm->rank, err,
+                       "cannot register a buffer of a %s on rank %d: %s",
+                       mw__coll_name(k->s.kind), k->comm->rank, mw_strerror(err));
+    } else {
+        mw__coll_advance(k->comm);
+    }
+}
+
+uint32_t mw__coll_signature(int kind, int algo, mw_dtype_t dt, mw_op_t op, size_t count,
+                            int root)
 {
     uint32_t h = 2166136261u;
     h = hash32(h, (uint64_t)kind);
+    h = hash32(h, (uint64_t)algo);
     h = hash32(h, (uint64_t)dt);
     h = hash32(h, (uint64_t)op);
     h = hash32(h, (uint64_t)count);
@@ -130,16 +173,27 @@ static int start_step(struct mw__run *k)
     return 0;
 }
 
-/* A chunk's write completed.  The argument is the peer, not the
- * collective: a failed collective may be gone while its writes finish. */
+/* A chunk written to a peer for a run. */
+struct chunk {
+    struct mw__peer *p;
+    struct mw__run *k;
+};
+
+/* A chunk's write completed: the peer's count moves on, and a run that
+ * finished meanwhile (failed) goes once its last write is back. */
 static void on_chunk_written(mw_future_t *f, void *arg)
 {
-    struct mw__peer *p = arg;
+    struct chunk *ch = arg;
+    struct mw__peer *p = ch->p;
+    struct mw__run *k = ch->k;
     struct mw__comm *comm = p->comm;
+    free(ch);
     if (mw_future_error(f))
         mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     else
         p->written++;
+    if (--k->writes_out == 0 && k->finished && k->regs_pending == 0)
+        release_run(k);
     if (!mw__comm_freed(comm))
         mw__coll_advance(comm);
     mw__comm_unref(comm);
@@ -160,17 +214,22 @@ static void post_sends(struct mw__run *k)
         size_t off = k->s_posted * k->chunk_elems;
         size_t n = st->send_len - off < k->chunk_elems ? st->send_len - off : k->chunk_elems;
         uint64_t slot = p->sent % k->comm->opts.slots;
-        mw_future_t *f = mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL, n * k->esz,
-                                      &p->remote, slot * k->comm->opts.slot_size,
-                                      imm_of(k, k->step));
-        if (!f) {
+        struct chunk *ch = malloc(sizeof *ch);
+        mw_future_t *f = ch ? mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL,
+                                           n * k->esz, &p->remote,
+                                           slot * k->comm->opts.slot_size, imm_of(k, k->step))
+                            : NULL;
+        if (!f || mw_future_then(f, on_chunk_written, ch) < 0) {
+            free(ch);
+            mw_future_unref(f);
             mw__comm_abort(k->comm, MW__ABORT_OTHER, k->comm->rank, -ENOMEM, "no memory");
             return;
         }
+        *ch = (struct chunk){p, k};
         p->sent++;
         k->s_posted++;
+        k->writes_out++;
         mw__comm_ref(k->comm);
-        mw_future_then(f, on_chunk_written, p);
         mw_future_unref(f);
     }
 }
@@ -245,6 +304,8 @@ static const struct mw__peer *peer_still_needed_but_gone(const struct mw__run *k
  * finished (the next one may start). */
 static bool advance_one(struct mw__run *k)
 {
+    if (k->regs_pending)
+        return false;             /* its buffers are being registered */
     while (k->step < k->s.nsteps) {
         if (!k->started) {
             local_copy(k);
@@ -287,9 +348,11 @@ void mw__coll_advance(struct mw__comm *comm)
 static const char *abort_reason(enum mw__abort_why why)
 {
     switch (why) {
-    case MW__ABORT_LOST:     return "lost";
-    case MW__ABORT_MISMATCH: return "ran a different collective than";
-    default:                 return "failed with";
+    case MW__ABORT_LOST:      return "lost";
+    case MW__ABORT_MISMATCH:  return "ran a different collective than";
+    case MW__ABORT_CANCELLED: return "had a collective cancelled or timed out on";
+    case MW__ABORT_LOCAL:     return "had a collective fail before it started on";
+    default:                  return "failed with";
     }
 }
 

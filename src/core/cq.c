@@ -34,6 +34,23 @@ static void dispatch(mw_ctx_t *ctx, const struct ibv_wc *wc, int n)
     }
 }
 
+void mw__cq_fail(struct mw__cq *cq, const char *what, int err)
+{
+    if (cq->broken)
+        return;
+    cq->broken = true;
+    MW_LOG(cq->ctx, MW_LOG_ERROR, "%s a completion queue failed: %s", what, mw_strerror(err));
+    /* stop watching it: its channel would otherwise wake the loop for ever */
+    if (cq->ev) {
+        mw__unwatch_fd(cq->ctx, event_get_fd(cq->ev));
+        event_del(cq->ev);
+    }
+    if (cq->resume_ev)
+        event_del(cq->resume_ev);
+    if (cq->broken_fn)
+        cq->broken_fn(cq->broken_arg, err);
+}
+
 /* Poll until dry, re-arming once and polling again.  Returns false when the
  * budget ran out with completions possibly left (come back next turn). */
 static bool drain(struct mw__cq *cq, unsigned *budget)
@@ -47,8 +64,7 @@ static bool drain(struct mw__cq *cq, unsigned *budget)
         int n = cq->drv->poll(cq->cq, want, wc);
         ctx->stats.polls++;
         if (n < 0) {
-            cq->broken = true;
-            MW_LOG(ctx, MW_LOG_ERROR, "polling a completion queue failed: %s", mw_strerror(n));
+            mw__cq_fail(cq, "polling", n);
             return true;
         }
         dispatch(ctx, wc, n);
@@ -59,8 +75,7 @@ static bool drain(struct mw__cq *cq, unsigned *budget)
             return true;              /* dry after the re-arm: done */
         int rc = cq->drv->req_notify(cq->cq);
         if (rc < 0) {
-            cq->broken = true;
-            MW_LOG(ctx, MW_LOG_ERROR, "arming a completion queue failed: %s", mw_strerror(rc));
+            mw__cq_fail(cq, "arming", rc);
             return true;
         }
         cq->armed = true;             /* and poll once more */

@@ -34,7 +34,9 @@ struct mw__cq {
     unsigned unacked;         /* events taken, not yet acked */
     bool armed;               /* req_notify done since the last event */
     bool backlog;             /* stopped on the per-turn budget: poll again */
-    bool broken;              /* the CQ failed; ops on it are failed */
+    bool broken;              /* the CQ failed: broken_fn was told */
+    void (*broken_fn)(void *arg, int err);   /* whoever can fail its users */
+    void *broken_arg;
 };
 
 extern const struct mw__cq_driver mw__verbs_cq_driver;
@@ -49,6 +51,11 @@ void mw__cq_stop(struct mw__cq *cq);
 
 /* mw__cq_handle() - the readable handler's work (exposed for tests). */
 void mw__cq_handle(struct mw__cq *cq);
+
+/* mw__cq_fail() - the CQ cannot be used any more (@what failed with @err,
+ * or the device said so): nothing will complete through it, so it stops
+ * being watched and broken_fn fails whatever waits on it.  Once. */
+void mw__cq_fail(struct mw__cq *cq, const char *what, int err);
 
 /* mw__cq_drain_now() - handle every completion already in the CQ, without
  * waiting for its event: before a connection is declared dead, whatever the

@@ -11,6 +11,7 @@
 #include "core/future.h"
 #include "core/mem.h"
 #include "core/op.h"
+#include "core/worker.h"
 
 const struct timeval mw__zero_tv = {0, 0};
 
@@ -136,6 +137,9 @@ void mw_ctx_free(mw_ctx_t *ctx)
      * they may touch still exists. */
     mw__ops_fail_all(ctx);
     mw__future_fail_all(ctx);
+    while (ctx->defer_head)
+        mw__run_deferred(ctx);
+    mw__worker_free(ctx);    /* its last jobs hand their registrations back */
     while (ctx->defer_head)
         mw__run_deferred(ctx);
     mw__future_detach_all(ctx);

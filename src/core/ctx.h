@@ -16,6 +16,7 @@ struct mw__mem;
 struct mw__devs;
 struct mw__ops;
 struct mw__loop;
+struct mw__worker;
 
 /* A unit of work to run from the loop (never inside the call that queues
  * it).  Embedded in the object it belongs to; queued at most once. */
@@ -26,12 +27,24 @@ struct mw__task {
     bool queued;
 };
 
+struct mw__dev;
+struct ibv_async_event;
+
 /* Layers above core (cm, coll) keep their per-context state here, in a slot
  * of their own, and are torn down first, highest slot first. */
 #define MW__LAYERS 4
 struct mw__layer {
     void *state;
     void (*teardown)(mw_ctx_t *ctx, void *state);
+    /* A device reported trouble: an asynchronous event @ev (a queue pair's
+     * fatal error, a port gone down...), or, with @ev NULL, a failure that
+     * leaves the device unusable for what uses it (its completion queue
+     * broke); @why describes it.  Optional. */
+    void (*device_event)(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
+                         const struct ibv_async_event *ev, const char *why);
+    /* A device opened with much memory to register became usable (@err 0)
+     * or could not be (its slot is empty again).  Optional. */
+    void (*device_ready)(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int err);
 };
 
 struct mw_ctx {
@@ -53,6 +66,7 @@ struct mw_ctx {
     struct mw__mem *mem;          /* registered arena + registration cache */
     struct mw__layer layers[MW__LAYERS];
     struct mw__loop *loop;        /* mw_ctx_fd's epoll set, hand-offs (loop.c) */
+    struct mw__worker *worker;    /* the helper thread, once used (worker.c) */
     bool closing;
 };
 
@@ -69,6 +83,9 @@ uint64_t mw__loop_thread(const mw_ctx_t *ctx);
 void mw__loop_kick(mw_ctx_t *ctx);
 int mw__loop_new(mw_ctx_t *ctx);
 void mw__loop_free(mw_ctx_t *ctx);
+
+/* mw__now_ms() - CLOCK_MONOTONIC in milliseconds. */
+uint64_t mw__now_ms(void);
 
 /* A zero timeout: "on the next loop turn, after I/O". */
 extern const struct timeval mw__zero_tv;

@@ -1,12 +1,16 @@
 /* Devices, opened lazily: a protection domain and a CQ each. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/mem.h"
+#include "core/worker.h"
 
 #define DEFAULT_CQ_DEPTH 4096
 
@@ -27,6 +31,11 @@ struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index)
 
 static void dev_release(struct mw__dev *dev)
 {
+    if (dev->async_ev) {
+        mw__unwatch_fd(dev->ctx, event_get_fd(dev->async_ev));
+        event_free(dev->async_ev);
+        dev->async_ev = NULL;
+    }
     mw__cq_close(dev->cq);
     dev->cq = NULL;
     if (dev->pd)
@@ -52,12 +61,82 @@ void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev)
 {
     if (!dev || dev->removed)
         return;
+    if (!dev->ready) {                /* the helper still registers on its PD */
+        dev->remove_pending = true;
+        return;
+    }
     MW_LOG(ctx, MW_LOG_WARN, "RDMA device %s removed: releasing what meshwire held on it",
            dev->name);
+    mw__worker_flush(ctx);            /* no job may still use its PD */
     mw__mem_remove_dev(ctx, dev);     /* MRs before the PD */
     dev_release(dev);
     dev->verbs = NULL;                /* a re-added device gets a new slot */
     dev->removed = true;
+}
+
+/* Tell the layers above: they fail what uses the device. */
+static void notify_layers(struct mw__dev *dev, const struct ibv_async_event *ev, const char *why)
+{
+    mw_ctx_t *ctx = dev->ctx;
+    for (int i = 0; i < MW__LAYERS; i++)
+        if (ctx->layers[i].device_event)
+            ctx->layers[i].device_event(ctx, ctx->layers[i].state, dev, ev, why);
+}
+
+/* The CQ's broken_fn: nothing completes on this device any more. */
+static void cq_broken(void *arg, int err)
+{
+    struct mw__dev *dev = arg;
+    char why[96];
+    snprintf(why, sizeof why, "its completion queue failed (%s)", mw_strerror(err));
+    dev->broken = true;
+    notify_layers(dev, NULL, why);
+}
+
+static bool event_is_fatal(enum ibv_event_type t)
+{
+    return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR || t == IBV_EVENT_QP_ACCESS_ERR ||
+           t == IBV_EVENT_PATH_MIG_ERR || t == IBV_EVENT_CQ_ERR || t == IBV_EVENT_PORT_ERR ||
+           t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_SRQ_ERR;
+}
+
+/* The device's asynchronous events.  Each is acked before anything acts on
+ * it (destroying a queue pair waits for the acks of its events); its
+ * object pointers are then only compared, never followed: another context
+ * sharing this device (rdma_cm opens each device once a process) may read
+ * events of its own objects here, and those are only logged -- their
+ * failures also show as completion errors there. */
+static void on_async(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct mw__dev *dev = arg;
+    struct ibv_async_event got;
+    while (dev->verbs && ibv_get_async_event(dev->verbs, &got) == 0) {
+        struct ibv_async_event ev = got;
+        ibv_ack_async_event(&got);
+        const char *name = ibv_event_type_str(ev.event_type);
+        MW_LOG(dev->ctx, event_is_fatal(ev.event_type) ? MW_LOG_WARN : MW_LOG_INFO,
+               "RDMA device %s: %s", dev->name, name);
+        if (ev.event_type == IBV_EVENT_CQ_ERR && dev->cq && ev.element.cq == dev->cq->cq) {
+            mw__cq_fail(dev->cq, "the device reported", -EIO);
+        } else if (ev.event_type == IBV_EVENT_DEVICE_FATAL) {
+            dev->broken = true;
+            notify_layers(dev, NULL, "it reported a fatal error");
+        } else {
+            notify_layers(dev, &ev, name);
+        }
+    }
+}
+
+static int watch_async(mw_ctx_t *ctx, struct mw__dev *dev)
+{
+    int fd = dev->verbs->async_fd, fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return -errno;
+    dev->async_ev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_async, dev);
+    if (!dev->async_ev || event_add(dev->async_ev, NULL) < 0)
+        return -ENOMEM;
+    return mw__watch_fd(ctx, fd);
 }
 
 static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct mw__dev **devp)
@@ -65,6 +144,7 @@ static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct 
     struct mw__dev *dev = calloc(1, sizeof *dev);
     if (!dev)
         return -ENOMEM;
+    dev->ctx = ctx;
     dev->index = index;
     dev->verbs = verbs;
     snprintf(dev->name, sizeof dev->name, "%s", ibv_get_device_name(verbs->device));
@@ -81,13 +161,42 @@ static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct 
         depth = dev->attr.max_cqe;
     if ((rc = mw__cq_open(ctx, verbs, depth, &dev->cq)) < 0)
         goto fail;
+    dev->cq->broken_fn = cq_broken;
+    dev->cq->broken_arg = dev;
     dev->cqe_size = ((struct ibv_cq *)dev->cq->cq)->cqe;
+    if ((rc = watch_async(ctx, dev)) < 0)
+        goto fail;
     *devp = dev;
     return 0;
 fail:
     MW_LOG(ctx, MW_LOG_ERROR, "cannot open RDMA device %s: %s", dev->name, mw_strerror(rc));
     dev_close(dev);
     return rc;
+}
+
+static void notify_ready(struct mw__dev *dev, int err)
+{
+    mw_ctx_t *ctx = dev->ctx;
+    for (int i = 0; i < MW__LAYERS; i++)
+        if (ctx->layers[i].device_ready)
+            ctx->layers[i].device_ready(ctx, ctx->layers[i].state, dev, err);
+}
+
+/* The helper registered the memory that existed when the device opened. */
+static void registered(struct mw__dev *dev, int err, void *arg)
+{
+    (void)arg;
+    mw_ctx_t *ctx = dev->ctx;
+    dev->ready = true;
+    if (err || dev->remove_pending) {
+        MW_LOG(ctx, err ? MW_LOG_ERROR : MW_LOG_INFO, "RDMA device %s: %s", dev->name,
+               err ? "registering memory failed" : "removed while registering memory");
+        mw__dev_remove(ctx, dev);     /* its slot stays, empty */
+        err = err ? err : -ENODEV;
+    } else {
+        MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: memory registered, ready", dev->name);
+    }
+    notify_ready(dev, err);
 }
 
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
@@ -111,11 +220,13 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
     if (rc < 0)
         return rc;
     /* Memory registered so far (arena extents, mw_reg ranges) becomes
-     * usable on the new device before anyone can post on it. */
-    if ((rc = mw__mem_add_dev(ctx, dev)) < 0) {
+     * usable on the new device before anyone can post on it: now, or, when
+     * there is much, once the helper thread has registered it. */
+    if ((rc = mw__mem_add_dev_async(ctx, dev, registered, NULL)) < 0) {
         dev_close(dev);
         return rc;
     }
+    dev->ready = rc == 0;
     d->v[d->n++] = dev;
     ctx->stats.devices++;
     MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, max_mr_size %llu)",

@@ -11,6 +11,7 @@
 struct mw__cq;
 
 struct mw__dev {
+    mw_ctx_t *ctx;
     int index;                     /* 0.. in order of opening; keys are per index */
     struct ibv_context *verbs;     /* not owned (rdma_cm's, or the caller's) */
     struct ibv_pd *pd;
@@ -18,11 +19,17 @@ struct mw__dev {
     struct ibv_device_attr attr;
     char name[64];
     int cqe_size, cqe_used;        /* the CQ's entries, and those reserved */
+    struct event *async_ev;        /* the device's asynchronous events */
     bool removed;                  /* hot-removed: verbs, pd, cq gone */
+    bool broken;                   /* its CQ failed or it reported a fatal error */
+    bool ready;                    /* every region has its keys here */
+    bool remove_pending;           /* removed while registering: finish after */
 };
 
 /* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
- * registering all existing memory with the new PD) on first use.
+ * registering all existing memory with the new PD) on first use.  Much
+ * memory is registered off the loop: the device is returned with ready
+ * false, and the layers' device_ready hook says when it is usable.
  * Return: 0 or a negative errno. */
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
 

@@ -41,6 +41,9 @@ struct mw__future {
     unsigned timeout_ms;
     void (*cancel_fn)(mw_future_t *f, void *arg);
     void *cancel_arg;
+    bool aborting;                /* cancelled or timed out: err and msg hold
+                                     the failure; the operation completes it
+                                     once it has let go of the caller's memory */
 };
 
 static void run_callbacks(struct mw__task *t);
@@ -195,9 +198,22 @@ int mw_future_resolve(mw_future_t *h, void *value)
         return err;
     if (f->state != MW_FUTURE_PENDING)
         return -EALREADY;
+    if (f->aborting) {            /* whatever the operation did: it was stopped */
+        finish(f, MW_FUTURE_FAILED);
+        return 0;
+    }
     f->value = value;
     finish(f, MW_FUTURE_DONE);
     return 0;
+}
+
+static void record_failure(struct mw__future *f, int err, const char *fmt, va_list ap)
+{
+    f->err = err;
+    /* On out of memory the message falls back to the errno's name rather
+     * than a truncated or missing text. */
+    if (fmt && vasprintf(&f->msg, fmt, ap) < 0)
+        f->msg = NULL;
 }
 
 static int fail_v(struct mw__future *f, int err, const char *fmt, va_list ap)
@@ -206,11 +222,8 @@ static int fail_v(struct mw__future *f, int err, const char *fmt, va_list ap)
         return -EINVAL;
     if (f->state != MW_FUTURE_PENDING)
         return -EALREADY;
-    f->err = err;
-    /* On out of memory the message falls back to the errno's name rather
-     * than a truncated or missing text. */
-    if (fmt && vasprintf(&f->msg, fmt, ap) < 0)
-        f->msg = NULL;
+    if (!f->aborting)             /* else the cancel or deadline is the reason */
+        record_failure(f, err, fmt, ap);
     finish(f, MW_FUTURE_FAILED);
     return 0;
 }
@@ -229,18 +242,29 @@ int mw_future_fail(mw_future_t *h, int err, const char *fmt, ...)
 }
 
 /* Fail @f on behalf of someone other than its operation (cancel, timeout,
- * teardown): unlike an ordinary failure, the operation must hear of it. */
+ * teardown).  Without a cancel hook it fails now.  With one, the failure
+ * is recorded and the hook told: the operation stops and completes @f
+ * (any completion then fails it with the recorded error) once it has let
+ * go of everything the caller lent it. */
 static int abort_future(struct mw__future *f, int err, const char *fmt, ...)
 {
+    if (f->state != MW_FUTURE_PENDING || f->aborting)
+        return -EALREADY;
     void (*hook)(mw_future_t *, void *) = f->cancel_fn;
     void *hook_arg = f->cancel_arg;
     va_list ap;
     va_start(ap, fmt);
-    int rc = fail_v(f, err, fmt, ap);
+    record_failure(f, err, fmt, ap);
     va_end(ap);
-    if (rc == 0 && hook)
-        hook(handle_of(f), hook_arg);
-    return rc;
+    if (!hook) {
+        finish(f, MW_FUTURE_FAILED);
+        return 0;
+    }
+    f->aborting = true;
+    f->cancel_fn = NULL;
+    f->cancel_arg = NULL;
+    hook(handle_of(f), hook_arg);
+    return 0;
 }
 
 int mw_future_cancel(mw_future_t *h)
@@ -383,14 +407,17 @@ static void chain_release(struct chain *c)
     free(c);
 }
 
-/* R failed by cancel/timeout/teardown: stop the step the chain owns.  The
- * caller's f is left alone; when it completes, the chain just ends. */
+/* R cancelled or timed out: stop the step the chain owns, and fail R once
+ * that step has (it may hold the caller's memory); before the step started,
+ * at once.  The caller's f is left alone; when it completes, the chain
+ * just ends. */
 static void chain_on_cancel(mw_future_t *r, void *arg)
 {
     struct chain *c = arg;
-    (void)r;
     if (c->g)
-        mw_future_cancel(c->g);
+        mw_future_cancel(c->g);   /* chain_on_second completes R */
+    else
+        mw_future_fail(r, -ECANCELED, "cancelled");   /* the recorded error wins */
 }
 
 static void chain_on_second(mw_future_t *g, void *arg)
@@ -626,13 +653,7 @@ void mw__future_fail_all(mw_ctx_t *ctx)
      * a freed node. */
     struct mw__list todo;
     mw__list_init(&todo);
-    if (mw__list_empty(&ctx->futures))
-        return;
-    todo.next = ctx->futures.next;
-    todo.prev = ctx->futures.prev;
-    todo.next->prev = &todo;
-    todo.prev->next = &todo;
-    mw__list_init(&ctx->futures);
+    mw__list_move_all(&todo, &ctx->futures);
     while (!mw__list_empty(&todo)) {
         struct mw__future *f = mw__container_of(todo.next, struct mw__future, link);
         mw__list_del(&f->link);
@@ -641,6 +662,10 @@ void mw__future_fail_all(mw_ctx_t *ctx)
             continue;
         future_ref(f);
         abort_future(f, -ECANCELED, "context closed");
+        /* A hook waiting for its operation: the layers above are gone
+         * already, their queue pairs with them, so nothing will. */
+        if (f->state == MW_FUTURE_PENDING)
+            finish(f, MW_FUTURE_FAILED);
         future_unref(f);
     }
 }

@@ -4,11 +4,13 @@
 
 #include "core/ctx.h"
 
-/* mw__future_on_cancel() - @fn(f, arg) runs once if @f is failed while the
- * operation behind it is still in flight: by mw_future_cancel(), a timeout,
- * or the context's teardown.  It lets the operation stop and release what it
- * holds; it must not complete @f (already failed).  Cleared by resolving or
- * failing @f through the ordinary calls. */
+/* mw__future_on_cancel() - @fn(f, arg) runs once, instead of @f failing at
+ * once, when someone other than the operation ends @f: mw_future_cancel(),
+ * its deadline, or the context's teardown.  The failure (-ECANCELED,
+ * -ETIMEDOUT) is recorded and @f stays pending; @fn stops the operation and
+ * completes @f -- at once, or once nothing (no device, no queue) can touch
+ * the memory the caller lent it any more.  Any completion then fails @f
+ * with the recorded error.  Cleared when @f completes. */
 void mw__future_on_cancel(mw_future_t *f, void (*fn)(mw_future_t *f, void *arg), void *arg);
 
 /* mw__future_fail_all() - fail every pending future of @ctx with

@@ -30,4 +30,30 @@ static inline void mw__list_del(struct mw__list *n)
     n->prev = n->next = n;
 }
 
+/* mw__list_move_all() - append every entry of @from to @to, in order;
+ * @from is left empty. */
+static inline void mw__list_move_all(struct mw__list *to, struct mw__list *from)
+{
+    if (mw__list_empty(from))
+        return;
+    from->next->prev = to->prev;
+    to->prev->next = from->next;
+    from->prev->next = to;
+    to->prev = from->prev;
+    mw__list_init(from);
+}
+
+/* The first entry of @head (a struct with a struct mw__list @member), or
+ * NULL when it is empty. */
+#define mw__list_first(head, type, member) \
+    (mw__list_empty(head) ? NULL : mw__container_of((head)->next, type, member))
+
+/* for each entry @pos of @head, in order.  The loop body may unlink @pos
+ * (the next one is read before it runs), but no other entry. */
+#define mw__list_for_each(pos, head, member)                                         \
+    for (struct mw__list *pos##_at_ = (head)->next, *pos##_next_ = pos##_at_->next;   \
+         pos##_at_ != (head) &&                                                     \
+         ((pos) = mw__container_of(pos##_at_, __typeof__(*(pos)), member), true);   \
+         pos##_at_ = pos##_next_, pos##_next_ = pos##_at_->next)
+
 #endif

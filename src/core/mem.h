@@ -36,13 +36,33 @@ void mw__mem_free(mw_ctx_t *ctx);
  * the devices added here (it calls nothing in dev.c), indexed by dev->index.
  * Return 0 or a negative errno. */
 int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__mem_add_dev_async() - as mw__mem_add_dev(), but when the live
+ * regions come to more than MW__REG_INLINE_BYTES the helper thread
+ * registers them (about a second per GiB on soft-RoCE: the loop must not
+ * wait) and @done(dev, err, arg) runs from the loop once it has; regions
+ * made meanwhile register with @dev at once, as usual.  Return 0 (done
+ * now: @done is not called), 1 (pending: @done will be), or a negative
+ * errno. */
+#define MW__REG_INLINE_BYTES (32u << 20)
+int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
+                          void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
+
+/* mw__reg_async() - mw_reg() without stalling the loop on a large range:
+ * above MW__REG_ASYNC_BYTES a range not registered yet is registered by the
+ * helper thread.  Return 0 with *@mrp set (registered now, or it was:
+ * @done is not called), 1 (pending: @done(arg, mr, err) runs from the loop
+ * with the handle or the error), or a negative errno. */
+#define MW__REG_ASYNC_BYTES (4u << 20)
+int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
+                  void (*done)(void *arg, mw_mr_t *mr, int err), void *arg);
+
 /* mw__mem_remove_dev() - the device is going away: deregister everything
  * from it. */
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 
 /* mw__mem_keys() - keys of @dev for [addr, addr+len), which must lie inside
  * one region.  Return 0, or -EFAULT when the range is not registered. */
-int mw__mem_keys(const mw_ctx_t *ctx, const struct mw__dev *dev,
+int mw__mem_keys(mw_ctx_t *ctx, const struct mw__dev *dev,
                  const void *addr, size_t len, uint32_t *lkey, uint32_t *rkey);
 
 #endif

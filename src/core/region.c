@@ -55,7 +55,7 @@ int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
                     uintptr_t start, size_t len)
 {
     int n = rg->nslots > 0 ? rg->nslots : 1;
-    *r = (struct mw__region){.start = start, .end = start + len, .nkeys = n};
+    *r = (struct mw__region){.id = ++rg->next_id, .start = start, .end = start + len, .nkeys = n};
     mw__list_init(&r->link);
     r->keys = calloc((size_t)n, sizeof *r->keys);
     if (!r->keys)
@@ -72,6 +72,37 @@ int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
             return rc;
         }
     }
+    mw__list_add_tail(&rg->all, &r->link);
+    return 0;
+}
+
+int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t start,
+                     size_t len, struct mw__keys *keys, int nkeys)
+{
+    int n = rg->nslots > nkeys ? rg->nslots : nkeys;
+    *r = (struct mw__region){.id = ++rg->next_id, .start = start, .end = start + len, .nkeys = n};
+    mw__list_init(&r->link);
+    if (!(r->keys = calloc((size_t)(n ? n : 1), sizeof *r->keys)))
+        return -ENOMEM;
+    for (int i = 0; i < rg->nslots; i++) {
+        if (!rg->devs[i])
+            continue;
+        if (i < nkeys && keys[i].handle) {
+            r->keys[i] = keys[i];
+            continue;
+        }
+        int rc = reg_one(rg, r, i);
+        if (rc < 0) {
+            for (int j = 0; j < i; j++)
+                if (j >= nkeys || !keys[j].handle)
+                    dereg_one(rg, r, j);
+            free(r->keys);
+            r->keys = NULL;
+            return rc;
+        }
+    }
+    for (int i = 0; i < nkeys; i++)
+        keys[i] = (struct mw__keys){0};   /* taken over */
     mw__list_add_tail(&rg->all, &r->link);
     return 0;
 }
@@ -95,8 +126,8 @@ int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
  * half way leaves some tables longer than needed, which is harmless. */
 static int grow_slots(struct mw__registrar *rg, int n)
 {
-    for (struct mw__list *l = rg->all.next; l != &rg->all; l = l->next) {
-        struct mw__region *r = mw__container_of(l, struct mw__region, link);
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link) {
         if (r->nkeys >= n)
             continue;
         struct mw__keys *k = realloc(r->keys, (size_t)n * sizeof *k);
@@ -115,31 +146,76 @@ static int grow_slots(struct mw__registrar *rg, int n)
     return 0;
 }
 
-int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev)
+/* Give @dev its slot (emptied again if what follows fails). */
+static int take_slot(struct mw__registrar *rg, struct mw__dev *dev)
 {
     if (!dev || dev->index < 0)
         return -EINVAL;
     int i = dev->index;
     if (i < rg->nslots && rg->devs[i])
-        return rg->devs[i] == dev ? 0 : -EEXIST;
+        return rg->devs[i] == dev ? 1 : -EEXIST;
     if (i >= rg->nslots) {
         int rc = grow_slots(rg, i + 1);
         if (rc < 0)
             return rc;
     }
+    rg->devs[i] = dev;
+    return 0;
+}
+
+int mw__registrar_begin_dev(struct mw__registrar *rg, struct mw__dev *dev,
+                            struct mw__regjob_entry **todo, size_t *n)
+{
+    *todo = NULL;
+    *n = 0;
+    int rc = take_slot(rg, dev);
+    if (rc)
+        return rc < 0 ? rc : -EEXIST;
+    size_t count = 0;
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link)
+        count++;
+    if (count && !(*todo = calloc(count, sizeof **todo))) {
+        rg->devs[dev->index] = NULL;
+        return -ENOMEM;
+    }
+    mw__list_for_each(r, &rg->all, link)
+        (*todo)[(*n)++] = (struct mw__regjob_entry){
+            .id = r->id, .addr = (void *)r->start, .len = r->end - r->start};
+    rg->ndevs++;
+    return 0;
+}
+
+bool mw__registrar_set_keys(struct mw__registrar *rg, const struct mw__dev *dev,
+                            const struct mw__regjob_entry *e)
+{
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link) {
+        if (r->id != e->id)
+            continue;
+        if (!mw__registrar_has(rg, dev) || r->keys[dev->index].handle)
+            return false;
+        r->keys[dev->index] = (struct mw__keys){e->handle, e->lkey, e->rkey};
+        return true;
+    }
+    return false;
+}
+
+int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev)
+{
+    int rc = take_slot(rg, dev);
+    if (rc)
+        return rc < 0 ? rc : 0;   /* 1: added already */
+    int i = dev->index;
     /* Registered with the slot filled in, so reg_one sees the device; the
      * slot is emptied again if any region fails. */
-    rg->devs[i] = dev;
-    struct mw__list *l;
-    int rc = 0;
-    for (l = rg->all.next; l != &rg->all; l = l->next) {
-        rc = reg_one(rg, mw__container_of(l, struct mw__region, link), i);
-        if (rc < 0)
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link)
+        if ((rc = reg_one(rg, r, i)) < 0)
             break;
-    }
-    if (rc < 0) {
-        for (struct mw__list *u = rg->all.next; u != l; u = u->next)
-            dereg_one(rg, mw__container_of(u, struct mw__region, link), i);
+    if (rc < 0) {                 /* those registered before the failure go again */
+        mw__list_for_each(r, &rg->all, link)
+            dereg_one(rg, r, i);  /* a no-op where none was made */
         rg->devs[i] = NULL;
         return rc;
     }
@@ -152,8 +228,9 @@ void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev)
     if (!mw__registrar_has(rg, dev))
         return;
     int i = dev->index;
-    for (struct mw__list *l = rg->all.next; l != &rg->all; l = l->next)
-        dereg_one(rg, mw__container_of(l, struct mw__region, link), i);
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link)
+        dereg_one(rg, r, i);
     rg->devs[i] = NULL;
     rg->ndevs--;
 }

@@ -24,6 +24,7 @@ struct mw__keys {
 /* [start, end), embedded in whatever owns it (an arena mapping, a mw_reg
  * registration) so the owner's extra state sits next to it. */
 struct mw__region {
+    uint64_t id;              /* never reused: names it to the helper thread */
     uintptr_t start, end;
     struct mw__keys *keys;    /* by device index; nkeys >= registrar's nslots */
     int nkeys;
@@ -38,6 +39,7 @@ struct mw__registrar {
     int ndevs;                /* devices added */
     struct mw__list all;      /* every live region, whoever owns it */
     uint64_t *nreg, *ndereg;  /* counters bumped per backend call */
+    uint64_t next_id;
 };
 
 void mw__registrar_init(struct mw__registrar *rg, const struct mw__reg_backend *be,
@@ -62,11 +64,37 @@ int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev);
  * going away) and forget it; regions registered later skip its slot. */
 void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev);
 
+/* Adding a device without registering in the caller's thread: begin_dev
+ * makes @dev known (regions made from now on register with it at once)
+ * and lists the live regions, which still have no keys for it, in *@todo
+ * (malloc'd; *@n of them); the helper thread registers those; set_keys
+ * then hands each result to its region -- false when that region went
+ * meanwhile (the caller deregisters the handle).  On failure, remove_dev. */
+struct mw__regjob_entry {
+    uint64_t id;
+    void *addr;
+    size_t len;
+    void *handle;             /* the backend's, once registered */
+    uint32_t lkey, rkey;
+    int err;
+};
+int mw__registrar_begin_dev(struct mw__registrar *rg, struct mw__dev *dev,
+                            struct mw__regjob_entry **todo, size_t *n);
+bool mw__registrar_set_keys(struct mw__registrar *rg, const struct mw__dev *dev,
+                            const struct mw__regjob_entry *e);
+
 /* mw__region_init() - register [start, start+len) with every device and
  * link @r as live.  On error (the backend's, or -ENOMEM) nothing stays
  * registered and @r is not linked. */
 int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
                     uintptr_t start, size_t len);
+
+/* mw__region_adopt() - as mw__region_init, with the registrations already
+ * made elsewhere: @keys[i] for device slot i (@nkeys of them, taken over);
+ * devices without one (added meanwhile) are registered now.  On error
+ * nothing is taken and @r is not linked. */
+int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t start,
+                     size_t len, struct mw__keys *keys, int nkeys);
 
 /* mw__region_fini() - deregister @r from every device and unlink it.  The
  * handles are dropped even when the backend fails; returns its first error. */
@@ -106,6 +134,8 @@ size_t mw__rindex_overlap(const struct mw__rindex *ix, uintptr_t start,
  * ------------------------------------------------------------------------ */
 
 struct mw__arena;
+struct mw__uffd;
+struct event;
 
 struct mw__mem {
     mw_ctx_t *ctx;
@@ -119,10 +149,32 @@ struct mw__mem {
     size_t nuregs;
     struct mw__list handles;      /* every mw_mr_t handed out */
     struct mw__arena *arena;      /* created by the first mw_alloc() */
+    /* registrations kept after their last mw_dereg (regcache.c) */
+    struct mw__uffd *uffd;        /* NULL: userfaultfd unavailable or unused yet */
+    int uffd_tried;               /* 0 not yet, 1 on, -errno unavailable */
+    int uffd_wake;                /* eventfd: ranges gone, for the loop */
+    struct event *uffd_ev;
+    struct mw__list idle;         /* kept regions nobody holds, oldest first */
+    uint64_t idle_bytes, idle_max;
 };
 
 /* mw__arena_destroy() - (arena.c) destroy the jemalloc arena, deregister
  * and unmap every mapping; for mw__mem_free(). */
 void mw__arena_destroy(struct mw__mem *m);
+
+/* mw__regcache_free() - (regcache.c) release every mw_reg region and
+ * handle, held or not; for mw__mem_free(), before the devices go. */
+void mw__regcache_free(struct mw__mem *m);
+
+/* mw__regcache_sync() - (regcache.c) drop every mw_reg region whose memory
+ * went since the last look: before a lookup may trust the index.  One
+ * atomic load when nothing went. */
+void mw__regcache_sync(struct mw__mem *m);
+
+/* mw__region_dereg_later() - deregister @r's keys on the helper thread when
+ * it is large (the loop must not wait), else now; @r is unlinked either
+ * way and may be freed when this returns.  Returns the first error seen
+ * now (0 when left to the helper). */
+int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r);
 
 #endif

@@ -43,7 +43,8 @@ static void check_frag(const uint8_t *data, size_t len)
         return;
     }
     assert(len >= MW__FRAG_HDR_LEN);
-    assert(f.type == MW__FRAG_DATA || f.type == MW__FRAG_CREDIT || f.type == MW__FRAG_CLOSE);
+    assert(f.type == MW__FRAG_DATA || f.type == MW__FRAG_CREDIT || f.type == MW__FRAG_CLOSE ||
+           f.type == MW__FRAG_DISCARD);
     if (f.type == MW__FRAG_DATA) {
         assert(f.len <= len - MW__FRAG_HDR_LEN);       /* payload within the slot */
         assert(f.offset <= f.total && f.len <= f.total - f.offset);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -27,6 +28,7 @@ struct fake {
     bool armed;
     unsigned notify_calls, ack_calls, acked;
     unsigned land_on_arm;        /* completions that land as the CQ re-arms */
+    int arm_error;               /* req_notify fails with this */
     uint64_t land_wr_id;
 };
 
@@ -89,6 +91,8 @@ static int f_req_notify(void *cq)
 {
     struct fake *fk = cq;
     fk->notify_calls++;
+    if (fk->arm_error)
+        return fk->arm_error;
     /* The race: these land after the engine's last poll, just before the
      * arm takes effect -- in the CQ, but no event will ever say so. */
     for (; fk->land_on_arm; fk->land_on_arm--)
@@ -159,6 +163,43 @@ static void one_event_drains_everything(void **state)
     assert_int_equal(fx->ctx->stats.completions, 5);
     assert_true(fx->fk.armed);                    /* re-armed for the next */
     assert_int_equal(fx->fk.acked, 1);
+    mw__op_put(fx->ctx, op);
+}
+
+static void count_broken(void *arg, int err)
+{
+    int *seen = arg;
+    assert_int_equal(err, -EIO);
+    ++*seen;
+}
+
+/* A CQ that cannot be re-armed would never raise another event: whatever
+ * waits on it is failed (its owner told once) and its channel is no longer
+ * watched, so neither the loop nor mw_ctx_fd keeps waking for it. */
+static void broken_cq_is_reported_once_and_unwatched(void **state)
+{
+    struct fixture *fx = *state;
+    int seen = 0;
+    fx->cq.broken_fn = count_broken;
+    fx->cq.broken_arg = &seen;
+    int fd = mw_ctx_fd(fx->ctx);      /* covers the channel mw__cq_start watches */
+    assert_true(fd >= 0);
+    struct mw__op *op = mw__op_get(fx->ctx, on_done, NULL, fx);
+    fx->fk.arm_error = -EIO;
+    complete(&fx->fk, op->wr_id, IBV_WC_SUCCESS);
+    run_loop(fx);
+    assert_int_equal(fx->done_calls, 1);          /* what was there still counts */
+    assert_true(fx->cq.broken);
+    assert_int_equal(seen, 1);
+    complete(&fx->fk, op->wr_id, IBV_WC_SUCCESS);   /* an event, unheard now */
+    uint64_t one = 1;
+    assert_int_equal(write(fx->fk.efd, &one, sizeof one), sizeof one);
+    for (int i = 0; i < 5; i++)
+        mw_ctx_progress(fx->ctx);
+    assert_int_equal(seen, 1);
+    assert_int_equal(fx->done_calls, 1);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 50), 0);         /* the context's descriptor stays quiet */
     mw__op_put(fx->ctx, op);
 }
 
@@ -326,6 +367,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(one_event_drains_everything, setup, teardown),
         cmocka_unit_test_setup_teardown(rearm_race_is_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(broken_cq_is_reported_once_and_unwatched, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(error_completion_reaches_its_op, setup, teardown),
         cmocka_unit_test_setup_teardown(stray_and_forged_wr_ids_are_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(queued_events_are_each_read_and_acked, setup, teardown),

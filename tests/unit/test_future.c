@@ -54,6 +54,14 @@ static void spin(mw_ctx_t *ctx)
         event_base_loop(mw_ctx_base(ctx), EVLOOP_NONBLOCK);
 }
 
+/* Run the loop for about @ms milliseconds. */
+static void loop_ms(mw_ctx_t *ctx, int ms)
+{
+    struct timeval tv = {0, ms * 1000};
+    event_base_loopexit(mw_ctx_base(ctx), &tv);
+    event_base_dispatch(mw_ctx_base(ctx));
+}
+
 static void count_cb(mw_future_t *f, void *arg)
 {
     (void)f;
@@ -66,11 +74,14 @@ static void order_cb(mw_future_t *f, void *arg)
     order[norder++] = (int)(intptr_t)arg;
 }
 
+/* A cancel hook: the future is still pending when it runs (its operation
+ * completes it); here at once, with an error of its own that the recorded
+ * cancel or deadline replaces. */
 static void hook_count(mw_future_t *f, void *arg)
 {
-    /* The hook runs after the future failed: it must see it failed. */
-    assert_int_equal(mw_future_state(f), MW_FUTURE_FAILED);
+    assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);
     ++*(int *)arg;
+    assert_int_equal(mw_future_fail(f, -EIO, "the operation's own words"), 0);
 }
 
 /* What a callback saw of its future. */
@@ -557,9 +568,10 @@ static void chain_cancel_stops_step(void **state)
     spin(ctx);
     assert_int_equal(s.calls, 1);
     assert_int_equal(mw_future_cancel(r), 0);
-    assert_int_equal(mw_future_error(r), -ECANCELED);
     assert_int_equal(hook, 1);
     assert_int_equal(mw_future_error(s.next), -ECANCELED);
+    /* R fails once the step it cancelled has let go: a loop turn later */
+    assert_int_equal(mw_future_state(r), MW_FUTURE_PENDING);
     spin(ctx);
     assert_int_equal(mw_future_error(r), -ECANCELED);
     assert_int_equal(hook, 1);
@@ -746,7 +758,53 @@ static void timeout_replaced_by_later_call(void **state)
 static void hook_unref(mw_future_t *f, void *arg)
 {
     ++*(int *)arg;
+    mw_future_resolve(f, NULL);   /* turns into the recorded failure */
     mw_future_unref(f); /* an operation releasing its reference */
+}
+
+/* A hook that cannot stop its operation at once (work on the device): the
+ * future stays pending until the operation completes it, and then fails
+ * with the cancel, whatever the operation reports. */
+struct fence {
+    mw_future_t *op;              /* the operation's reference */
+    int hooked;
+};
+
+static void hook_later(mw_future_t *f, void *arg)
+{
+    struct fence *fc = arg;
+    (void)f;
+    fc->hooked++;
+}
+
+static void cancel_waits_for_the_operation(void **state)
+{
+    mw_ctx_t *ctx = *state;
+    struct fence fc = {0};
+    struct seen s = {0};
+    mw_future_t *f = mw_future_new(ctx);
+    fc.op = mw_future_ref(f);
+    mw__future_on_cancel(f, hook_later, &fc);
+    mw_future_then(f, seen_cb, &s);
+    assert_int_equal(mw_future_cancel(f), 0);
+    assert_int_equal(fc.hooked, 1);
+    assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);   /* still fenced */
+    assert_int_equal(mw_future_error(f), 0);
+    assert_int_equal(mw_future_cancel(f), -EALREADY);
+    assert_int_equal(mw_future_set_timeout(f, 1), 0);          /* a deadline changes nothing */
+    loop_ms(ctx, 20);
+    assert_int_equal(mw_future_state(f), MW_FUTURE_PENDING);
+    assert_int_equal(s.calls, 0);
+    mw_future_resolve(fc.op, NULL);                            /* the device let go */
+    mw_future_unref(fc.op);
+    assert_int_equal(mw_future_error(f), -ECANCELED);
+    assert_string_equal(mw_future_message(f), "cancelled");
+    spin(ctx);
+    assert_int_equal(s.calls, 1);
+    assert_int_equal(s.err, -ECANCELED);
+    assert_int_equal(fc.hooked, 1);
+    mw_future_unref(f);
+    assert_int_equal(live(ctx), 0);
 }
 
 static void timeout_hook_may_drop_last_ref(void **state)
@@ -1227,6 +1285,7 @@ int main(void)
         T(cancel_runs_hook_once),
         T(cancel_after_completion_is_ealready),
         T(cancel_hook_may_drop_last_ref),
+        T(cancel_waits_for_the_operation),
         T(wait_returns_value),
         T(wait_returns_error),
         T(wait_inside_callback_is_edeadlk),

@@ -9,12 +9,14 @@
  * explicitly (to check that everything registered was deregistered exactly
  * once), then the context as usual. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <cmocka.h>
 
 #include <jemalloc/jemalloc.h>
@@ -47,8 +49,12 @@ struct fake {
     struct fake_mr *mrs;
 };
 
-static void *fake_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
-                      uint32_t *lkey, uint32_t *rkey)
+/* Like ibv_reg_mr, the fake may be called from the registration worker
+ * and the loop thread at once. */
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *fake_reg_locked(void *be, struct mw__dev *dev, void *addr, size_t len,
+                             uint32_t *lkey, uint32_t *rkey)
 {
     struct fake *f = be;
     f->calls++;
@@ -83,8 +89,18 @@ static void *fake_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
     return mr;
 }
 
+static void *fake_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
+                      uint32_t *lkey, uint32_t *rkey)
+{
+    pthread_mutex_lock(&fake_lock);
+    void *mr = fake_reg_locked(be, dev, addr, len, lkey, rkey);
+    pthread_mutex_unlock(&fake_lock);
+    return mr;
+}
+
 static int fake_dereg(void *be, void *handle)
 {
+    pthread_mutex_lock(&fake_lock);
     struct fake *f = be;
     struct fake_mr **pp = &f->mrs;
     while (*pp && *pp != handle)
@@ -94,6 +110,7 @@ static int fake_dereg(void *be, void *handle)
     free(handle);
     f->deregs++;
     f->live--;
+    pthread_mutex_unlock(&fake_lock);
     return 0;
 }
 
@@ -151,6 +168,16 @@ static int setup(void **state)
     for (int i = 0; i < NDEV; i++)
         e->dev[i].index = i;
     *state = e;
+    return 0;
+}
+
+/* As setup, with registrations dropped at their last mw_dereg, as without
+ * userfaultfd: the index rules, alone. */
+static int setup_unkept(void **state)
+{
+    setup(state);
+    struct env *e = *state;
+    e->ctx->mem->uffd_tried = -ENOSYS;
     return 0;
 }
 
@@ -406,6 +433,229 @@ static void reg_rejects_bad_args(void **state)
     assert_int_equal(e->fake.calls, 0);
 }
 
+/* ------------------------------------------------------------------------
+ * Registrations kept after their last mw_dereg (userfaultfd)
+ * ------------------------------------------------------------------------ */
+
+/* Anonymous memory, at @at exactly when given (as a new allocation after a
+ * free lands where the old one was). */
+static char *anon(size_t len, void *at)
+{
+    char *p = mmap(at, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    assert_true(p != MAP_FAILED);
+    if (at)
+        assert_ptr_equal(p, at);
+    memset(p, 1, len);
+    return p;
+}
+
+/* Whether this process may use userfaultfd (not under valgrind, say):
+ * registered memory is then kept; else those tests have nothing to test. */
+static bool kept(struct env *e, char *p, size_t len)
+{
+    mw_mr_t *mr;
+    assert_int_equal(mw_reg(e->ctx, p, len, &mr), 0);
+    assert_int_equal(mw_dereg(e->ctx, mr), 0);
+    if (e->ctx->mem->uffd)
+        return true;
+    assert_int_equal(e->fake.deregs, e->fake.regs);   /* dropped at once instead */
+    return false;
+}
+
+static uint32_t lkey_of(struct env *e, const void *p, size_t len)
+{
+    uint32_t lkey, rkey;
+    assert_int_equal(mw__mem_keys(e->ctx, &e->dev[0], p, len, &lkey, &rkey), 0);
+    return lkey;
+}
+
+/* The case the cache exists for: dropped, reused for free -- and never
+ * handed out for other pages that later sit at the same address. */
+static void kept_until_its_memory_goes(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    size_t len = 1 << 20;
+    char *p = anon(len, NULL);
+    if (!kept(e, p, len)) {
+        munmap(p, len);
+        skip();
+    }
+    assert_int_equal(e->fake.deregs, 0);              /* kept */
+    uint32_t old = lkey_of(e, p, len);
+    mw_mr_t *mr;
+    assert_int_equal(mw_reg(e->ctx, p + 4096, 8192, &mr), 0);
+    assert_int_equal(e->fake.regs, 1);                /* free the second time */
+    assert_int_equal(lkey_of(e, p + 4096, 8192), old);
+    assert_int_equal(mw_dereg(e->ctx, mr), 0);
+
+    /* freed, and a new mapping at the very same address */
+    assert_int_equal(munmap(p, len), 0);
+    char *q = anon(len, p);
+    assert_int_equal(keys_rc(e, &e->dev[0], q, len), -EFAULT);   /* not the old one */
+    assert_int_equal(e->fake.deregs, 1);              /* the old one went */
+    assert_int_equal(mw_reg(e->ctx, q, len, &mr), 0);
+    assert_int_equal(e->fake.regs, 2);                /* registered anew */
+    assert_int_not_equal(lkey_of(e, q, len), old);
+    assert_int_equal(mw_dereg(e->ctx, mr), 0);
+
+    /* pages zapped under it (madvise, as free() trims the heap): gone too */
+    assert_int_equal(madvise(q + 8192, 4096, MADV_DONTNEED), 0);
+    assert_int_equal(keys_rc(e, &e->dev[0], q, 4096), -EFAULT);
+    assert_int_equal(e->fake.deregs, 2);
+    munmap(q, len);
+}
+
+/* Memory that goes while a registration of it is held: out of the index at
+ * once (new memory there gets its own), deregistered with its last handle. */
+static void held_registration_of_gone_memory(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    size_t len = 1 << 20;
+    char *p = anon(len, NULL);
+    if (!kept(e, p, len)) {
+        munmap(p, len);
+        skip();
+    }
+    mw_mr_t *held, *fresh;
+    assert_int_equal(mw_reg(e->ctx, p, len, &held), 0);
+    assert_int_equal(munmap(p, len), 0);
+    char *q = anon(len, p);
+    assert_int_equal(mw_reg(e->ctx, q, len, &fresh), 0);
+    assert_int_equal(e->fake.regs, 2);
+    assert_int_equal(e->fake.deregs, 0);              /* the old one is still held */
+    assert_int_equal(mw_dereg(e->ctx, held), 0);
+    assert_int_equal(e->fake.deregs, 1);
+    assert_int_equal(mw_dereg(e->ctx, fresh), 0);
+    munmap(q, len);
+}
+
+/* Kept registrations nobody holds stay under a cap, oldest out first. */
+static void idle_registrations_are_capped(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    size_t len = 1 << 20;
+    char *p[3] = {anon(len, NULL), anon(len, NULL), anon(len, NULL)};
+    if (!kept(e, p[0], len)) {
+        for (int i = 0; i < 3; i++)
+            munmap(p[i], len);
+        skip();
+    }
+    e->ctx->mem->idle_max = 2 * len;
+    for (int i = 1; i < 3; i++) {
+        mw_mr_t *mr;
+        assert_int_equal(mw_reg(e->ctx, p[i], len, &mr), 0);
+        assert_int_equal(mw_dereg(e->ctx, mr), 0);
+    }
+    assert_int_equal(e->fake.regs, 3);
+    assert_int_equal(e->fake.deregs, 1);              /* p[0], the oldest */
+    assert_int_equal(keys_rc(e, &e->dev[0], p[0], len), -EFAULT);
+    assert_int_equal(keys_rc(e, &e->dev[0], p[2], len), 0);
+    for (int i = 0; i < 3; i++)
+        munmap(p[i], len);
+}
+
+/* ------------------------------------------------------------------------
+ * Registering off the loop (the helper thread)
+ * ------------------------------------------------------------------------ */
+
+struct async_got {
+    mw_future_t *f;
+    mw_mr_t *mr;
+    int err;
+};
+
+static void got_reg(void *arg, mw_mr_t *mr, int err)
+{
+    struct async_got *g = arg;
+    g->mr = mr;
+    g->err = err;
+    mw_future_resolve(g->f, NULL);
+}
+
+static void large_registration_off_the_loop(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    add_dev(e, 1);
+    size_t len = 2 * MW__REG_ASYNC_BYTES;
+    char *p = anon(len, NULL);
+    struct async_got g = {.f = mw_future_new(e->ctx)};
+    mw_mr_t *mr = NULL;
+    assert_int_equal(mw__reg_async(e->ctx, p, len, &mr, got_reg, &g), 1);   /* pending */
+    assert_int_equal(mw_wait(g.f), 0);
+    assert_int_equal(g.err, 0);
+    assert_non_null(g.mr);
+    mr_for(e, 0, p, len);
+    mr_for(e, 1, p, len);
+    /* the same again is there at once; a small one is made at once */
+    mw_mr_t *again, *small;
+    assert_int_equal(mw__reg_async(e->ctx, p, len, &again, got_reg, &g), 0);
+    char *q = anon(4096, NULL);
+    assert_int_equal(mw__reg_async(e->ctx, q, 4096, &small, got_reg, &g), 0);
+    assert_int_equal(mw_dereg(e->ctx, again), 0);
+    assert_int_equal(mw_dereg(e->ctx, small), 0);
+    assert_int_equal(mw_dereg(e->ctx, g.mr), 0);
+    mw_future_unref(g.f);
+    munmap(p, len);
+    munmap(q, 4096);
+}
+
+struct dev_got {
+    mw_future_t *f;
+    int calls, err;
+};
+
+static void got_dev(struct mw__dev *dev, int err, void *arg)
+{
+    (void)dev;
+    struct dev_got *g = arg;
+    g->calls++;
+    g->err = err;
+    mw_future_resolve(g->f, NULL);
+}
+
+/* A device opened while much memory is registered: the helper registers it
+ * all; memory registered meanwhile joins at once; a failure leaves the
+ * device unknown and nothing registered with it. */
+static void device_with_much_memory_joins_off_the_loop(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    size_t len = MW__REG_INLINE_BYTES;
+    char *big[2] = {anon(len, NULL), anon(len, NULL)};
+    mw_mr_t *mr[3];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(mw_reg(e->ctx, big[i], len, &mr[i]), 0);
+    struct dev_got g = {.f = mw_future_new(e->ctx)};
+    assert_int_equal(mw__mem_add_dev_async(e->ctx, &e->dev[1], got_dev, &g), 1);
+    char *late = anon(4096, NULL);
+    assert_int_equal(mw_reg(e->ctx, late, 4096, &mr[2]), 0);   /* while it works */
+    assert_int_equal(mw_wait(g.f), 0);
+    assert_int_equal(g.calls, 1);
+    assert_int_equal(g.err, 0);
+    for (int i = 0; i < 2; i++)
+        mr_for(e, 1, big[i], len);
+    mr_for(e, 1, late, 4096);
+    mw_future_unref(g.f);
+
+    g = (struct dev_got){.f = mw_future_new(e->ctx)};
+    fake_fail(&e->fake, 2, false, ENOMEM);   /* the second of the helper's */
+    assert_int_equal(mw__mem_add_dev_async(e->ctx, &e->dev[2], got_dev, &g), 1);
+    assert_int_equal(mw_wait(g.f), 0);
+    assert_int_equal(g.err, -ENOMEM);
+    assert_int_equal(keys_rc(e, &e->dev[2], big[0], 8), -ENODEV);
+    mw_future_unref(g.f);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(mw_dereg(e->ctx, mr[i]), 0);
+    munmap(big[0], len);
+    munmap(big[1], len);
+    munmap(late, 4096);
+}
+
 static void late_device_registers_live_regions(void **state)
 {
     struct env *e = *state;
@@ -644,18 +894,24 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rindex_binary_search),
-        cmocka_unit_test_setup_teardown(reg_subrange_hits_cache, setup, teardown),
-        cmocka_unit_test_setup_teardown(reg_overlap_registers_union, setup, teardown),
-        cmocka_unit_test_setup_teardown(dereg_once_per_registration, setup, teardown),
-        cmocka_unit_test_setup_teardown(dereg_refuses_what_it_does_not_hold, setup, teardown),
-        cmocka_unit_test_setup_teardown(keys_lookup_rules, setup, teardown),
+        cmocka_unit_test_setup_teardown(reg_subrange_hits_cache, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(reg_overlap_registers_union, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(dereg_once_per_registration, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(dereg_refuses_what_it_does_not_hold, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(keys_lookup_rules, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(reg_rejects_bad_args, setup, teardown),
-        cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup, teardown),
-        cmocka_unit_test_setup_teardown(failing_backend_leaves_no_state, setup, teardown),
+        cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(failing_backend_leaves_no_state, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(alloc_registers_with_every_device, setup, teardown),
         cmocka_unit_test_setup_teardown(alloc_many_small_and_large, setup, teardown),
         cmocka_unit_test_setup_teardown(alloc_failure_is_clean, setup, teardown),
-        cmocka_unit_test_setup_teardown(teardown_deregisters_everything, setup, teardown),
+        cmocka_unit_test_setup_teardown(teardown_deregisters_everything, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(kept_until_its_memory_goes, setup, teardown),
+        cmocka_unit_test_setup_teardown(held_registration_of_gone_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(idle_registrations_are_capped, setup, teardown),
+        cmocka_unit_test_setup_teardown(large_registration_off_the_loop, setup, teardown),
+        cmocka_unit_test_setup_teardown(device_with_much_memory_joins_off_the_loop, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,7 +96,7 @@ static void hello_round_trip(void **state)
     assert_null(why);
     assert_hello_eq(&h, &out);
 
-    struct mw__hello p2p = {.magic = MW__HELLO_MAGIC, .version = 1,
+    struct mw__hello p2p = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                             .purpose = MW__PURPOSE_P2P, .flags = 0xffff,
                             .credits = MW__CREDITS_MAX, .slot_size = MW__SLOT_MAX,
                             .cookie = UINT64_MAX};
@@ -111,7 +111,7 @@ static void hello_layout_big_endian(void **state)
     struct mw__hello h = good_hello();
     uint8_t b[MW__HELLO_LEN];
     const uint8_t want[MW__HELLO_LEN] = {
-        'M', 'W', 'I', 'R', 1, 2, 0, 0, 0, 0, 0, 128, 0, 1, 0, 0,
+        'M', 'W', 'I', 'R', MW__HELLO_VERSION, 2, 0, 0, 0, 0, 0, 128, 0, 1, 0, 0,
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
         0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 4,
     };
@@ -191,10 +191,12 @@ static void hello_bad_version_reports_it(void **state)
     (void)state;
     struct mw__hello h = good_hello(), out;
     const char *why;
-    h.version = 2;
+    h.version = MW__HELLO_VERSION + 1;
     assert_int_equal(hello_rt(&h, MW__HELLO_LEN, &out, &why), -EPROTO);
     assert_string_equal(why, "unsupported protocol version");
-    assert_int_equal(out.version, 2); /* for the caller's message */
+    assert_int_equal(out.version, MW__HELLO_VERSION + 1); /* for the caller's message */
+    h.version = 1;                /* before DISCARD fragments existed */
+    expect_hello_refused(&h, "unsupported protocol version");
     h.version = 0;
     expect_hello_refused(&h, "unsupported protocol version");
 }
@@ -376,6 +378,7 @@ static void frag_round_trip(void **state)
         data_frag(MW__FRAG_FIRST | MW__FRAG_LAST, 0, 0, 0), /* empty message */
         {.type = MW__FRAG_CREDIT, .credits = 65535, .msg_id = UINT64_MAX},
         {.type = MW__FRAG_CLOSE},
+        {.type = MW__FRAG_DISCARD, .credits = 3, .msg_id = 42},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *why = "x";
@@ -424,7 +427,7 @@ static void frag_unknown_type_and_flags(void **state)
 {
     (void)state;
     struct mw__frag f = data_frag(MW__FRAG_FIRST | MW__FRAG_LAST, 8, 0, 8);
-    const uint8_t types[] = {0, 4, 255};
+    const uint8_t types[] = {0, 5, 255};
     for (size_t i = 0; i < sizeof(types); i++) {
         f.type = types[i];
         expect_frag_refused(&f, 8, "unknown fragment type");
@@ -452,7 +455,7 @@ static void frag_len_vs_received(void **state)
 static void frag_control_is_header_only(void **state)
 {
     (void)state;
-    const uint8_t types[] = {MW__FRAG_CREDIT, MW__FRAG_CLOSE};
+    const uint8_t types[] = {MW__FRAG_CREDIT, MW__FRAG_CLOSE, MW__FRAG_DISCARD};
     for (size_t i = 0; i < sizeof(types); i++) {
         struct mw__frag f = {.type = types[i], .credits = 5, .len = 1};
         expect_frag_refused(&f, 1, "control fragment with payload");
@@ -507,7 +510,7 @@ static void frag_first_and_last_marks(void **state)
 
 static void assert_frag_valid(const struct mw__frag *f, size_t len)
 {
-    assert_true(f->type >= MW__FRAG_DATA && f->type <= MW__FRAG_CLOSE);
+    assert_true(f->type >= MW__FRAG_DATA && f->type <= MW__FRAG_DISCARD);
     assert_int_equal(f->flags & ~3u, 0);
     assert_true(f->len <= len - MW__FRAG_HDR_LEN);
     if (f->type != MW__FRAG_DATA) {

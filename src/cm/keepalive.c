@@ -1,0 +1,103 @@
+/* Liveness while anything waits on the peer.  A receive, or a send waiting
+ * for credits, can wait for ever on a peer whose host or link silently went
+ * away: nothing is in flight to time out.  So while anything waits (a
+ * receive, an operation in the queue) and nothing arrives for keepalive_ms,
+ * a zero-length RDMA write probes the peer: it needs no credit and no
+ * remote memory, and its retries fail it (and the connection) when nobody
+ * answers.  A peer that answers but never returns credits (alive, not
+ * reading) makes the message waiting for them fail after send_timeout_ms.
+ * An idle connection sends nothing and wakes nobody. */
+#include <errno.h>
+
+#include <event2/event.h>
+
+#include "cm/cm.h"
+#include "core/cq.h"
+#include "core/op.h"
+
+static bool waiting(const struct mw__conn *c)
+{
+    return !mw__list_empty(&c->recv_waiters) || mw__queue_busy(c);
+}
+
+static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
+{
+    struct mw__conn *c = op->owner;
+    c->wr_out--;
+    c->probe_op = NULL;
+    mw__op_put(c->ctx, op);
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+        mw__conn_fail(c, mw__wc_errno(wc->status), "peer not responding (keepalive: %s)",
+                      ibv_wc_status_str(wc->status));
+    else
+        mw__keepalive_arm(c);
+    mw__conn_maybe_finish(c);
+}
+
+static void send_probe(struct mw__conn *c)
+{
+    struct mw__op *op = mw__op_get(c->ctx, on_probe_done, NULL, c);
+    if (!op)
+        return;
+    struct ibv_send_wr wr = {.wr_id = op->wr_id, .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED}, *bad;
+    if (ibv_post_send(c->id->qp, &wr, &bad)) {
+        mw__op_put(c->ctx, op);
+        return;
+    }
+    c->probe_op = op;
+    c->wr_out++;
+}
+
+/* The operation at the head of the queue, waiting for credits since
+ * c->credit_wait_since: past the deadline it gives up. */
+static void credit_deadline(struct mw__conn *c)
+{
+    if (!c->credit_wait_since || mw__now_ms() - c->credit_wait_since < c->opts.send_timeout_ms)
+        return;
+    c->credit_wait_since = 0;
+    struct mw__xfer *x;
+    mw__list_for_each(x, &c->queue, link) {
+        if (x->all_posted)
+            continue;
+        MW_LOG(c->ctx, MW_LOG_WARN, "%s: no credits from the peer for %u ms (it does not "
+               "read its messages): the waiting operation fails", c->stats.remote,
+               c->opts.send_timeout_ms);
+        if (x->kind == MW__XFER_SEND)
+            mw__send_give_up(c, (struct mw__send *)x, -ETIMEDOUT);
+        else
+            mw__rdma_give_up(c, (struct mw__rdma *)x, -ETIMEDOUT);
+        return;
+    }
+}
+
+static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct mw__conn *c = arg;
+    if (!mw__conn_usable(c))
+        return;
+    credit_deadline(c);
+    if (!waiting(c) || c->probe_op)
+        return;                       /* a probe in flight re-arms when done */
+    if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
+        mw__keepalive_arm(c);
+        return;
+    }
+    send_probe(c);
+}
+
+void mw__keepalive_arm(struct mw__conn *c)
+{
+    if (!waiting(c) || !mw__conn_usable(c))
+        return;
+    if (!c->probe_ev && !(c->probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
+        return;
+    if (evtimer_pending(c->probe_ev, NULL))
+        return;
+    unsigned ms = c->opts.keepalive_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    c->rx_seen_at_probe = c->rx_activity;
+    mw__ev_add(c->ctx, c->probe_ev, &tv);
+}
