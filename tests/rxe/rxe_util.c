@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -244,4 +246,22 @@ double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+int rxe_run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
+{
+    extern char **environ;
+    pid_t pid;
+    double t0 = now_s();
+    assert_int_equal(posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ), 0);
+    for (int i = 0; i < 3000; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            *took = now_s() - t0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        loop_for(ctx, 10);
+    }
+    fail_msg("'%s %s %s' did not finish in 30 s", argv[0], argv[1], argv[2]);
+    return -1;
 }

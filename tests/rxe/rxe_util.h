@@ -72,6 +72,11 @@ void rxe_close_conn(mw_conn_t *c);
 /* rxe_round_trip() - a message from @a arrives intact at @b. */
 void rxe_round_trip(mw_conn_t *a, mw_conn_t *b);
 
+/* rxe_run_while_looping() - run a command to its end while @ctx's loop keeps
+ * running (a device's removal waits for meshwire to let go of it); its
+ * exit status, and in *@took how long it ran. */
+int rxe_run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took);
+
 /* now_s() - CLOCK_MONOTONIC in seconds. */
 double now_s(void);
 

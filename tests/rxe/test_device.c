@@ -68,25 +68,6 @@ static void round_trip(mw_ctx_t *ctx, mw_conn_t *a, mw_conn_t *b)
     mw_future_unref(s);
 }
 
-/* Run a command to its end while this loop keeps running (the removal
- * waits for us to let go); its exit status. */
-static int run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
-{
-    pid_t pid;
-    double t0 = now_s();
-    assert_int_equal(posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ), 0);
-    for (int i = 0; i < 3000; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            *took = now_s() - t0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        loop_for(ctx, 10);
-    }
-    fail_msg("'%s %s %s' did not finish in 30 s", argv[0], argv[1], argv[2]);
-    return -1;
-}
-
 /* The netdev under RDMA device @dev, from "rdma link show DEV/1". */
 static void netdev_of(const char *dev, char *out, size_t cap)
 {
@@ -130,7 +111,7 @@ static void device_deleted_under_live_connections(void **state)
     mw_future_t *pending = mw_recv(c1), *other = mw_recv(s1.c);
     double took;
     char *del[] = {"rdma", "link", "delete", dev, NULL};
-    int rc = run_while_looping(ctx, del, &took);
+    int rc = rxe_run_while_looping(ctx, del, &took);
     printf("rdma link delete %s: exit %d after %.2f s\n", dev, rc, took);
     assert_int_equal(rc, 0);                  /* meshwire let go of the device */
     loop_for(ctx, 50);
@@ -145,7 +126,7 @@ static void device_deleted_under_live_connections(void **state)
     round_trip(ctx, c0, s0.c);                /* the other device goes on */
 
     char *add[] = {"rdma", "link", "add", dev, "type", "rxe", "netdev", netdev, NULL};
-    rc = run_while_looping(ctx, add, &took);
+    rc = rxe_run_while_looping(ctx, add, &took);
     printf("rdma link add %s type rxe netdev %s: exit %d\n", dev, netdev, rc);
     assert_int_equal(rc, 0);
     struct server s2;

@@ -17,12 +17,16 @@
 #include <cmocka.h>
 
 #include "meshwire.h"
+#include "cm/cm.h"
+#include "core/handle.h"
+#include "core/op.h"
 #include "rxe_util.h"
 
 static const char *addrs[2];
 
 struct usage {
     long rss_kib, fds, qps, mrs;
+    long futures, ops, handles, conns;   /* meshwire's own objects */
 };
 
 static long count_fds(void)
@@ -62,15 +66,31 @@ static long count_rdma(const char *kind)
     return n;
 }
 
-static struct usage sample(void)
+static long count_conns(mw_ctx_t *ctx)
 {
-    return (struct usage){rss_kib(), count_fds(), count_rdma("qp"), count_rdma("mr")};
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    long n = 0;
+    struct mw__conn *c;
+    if (cm)
+        mw__list_for_each(c, &cm->conns, link)
+            n++;
+    return n;
+}
+
+static struct usage sample(mw_ctx_t *ctx)
+{
+    mw_ctx_stats_t st;
+    mw_ctx_stats(ctx, &st);
+    return (struct usage){rss_kib(), count_fds(), count_rdma("qp"), count_rdma("mr"),
+                          (long)st.futures_live, (long)mw__ops_live(ctx),
+                          (long)mw__handles_live(), count_conns(ctx)};
 }
 
 static void print_usage(const char *when, struct usage u)
 {
-    printf("  %-24s rss %6ld KiB  fds %3ld  qps %3ld  mrs %3ld\n", when, u.rss_kib, u.fds, u.qps,
-           u.mrs);
+    printf("  %-24s rss %6ld KiB  fds %3ld  qps %3ld  mrs %3ld  futures %3ld  ops %3ld  "
+           "handles %3ld  conns %3ld\n", when, u.rss_kib, u.fds, u.qps, u.mrs, u.futures, u.ops,
+           u.handles, u.conns);
 }
 
 static void count_cb(mw_future_t *f, void *arg)
@@ -104,9 +124,9 @@ static void hundred_thousand_futures(void **state)
         for (int i = 0; i < WAVE; i++)
             mw_future_unref(fs[i]);
         if (w == 9)
-            warm = sample();
+            warm = sample(ctx);
     }
-    struct usage end = sample();
+    struct usage end = sample(ctx);
     mw_ctx_stats_t st;
     mw_ctx_stats(ctx, &st);
     printf("100,000 futures:\n");
@@ -188,16 +208,16 @@ static void connect_close_cycles(void **state)
         while (naccepted < WAVE)
             loop_for(ctx, 2);
         if (done == at_base)
-            open = sample();      /* with a wave open: the count sees our QPs */
+            open = sample(ctx);      /* with a wave open: the count sees our QPs */
         close_wave(ctx, fs);
         if (done == at_base || done == at_mid) {
             loop_for(ctx, 100);   /* ids destroyed later, off the cm handler */
-            *(done == at_base ? &base : &mid) = sample();
+            *(done == at_base ? &base : &mid) = sample(ctx);
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     loop_for(ctx, 100);
-    struct usage end = sample();
+    struct usage end = sample(ctx);
     printf("%d connect/close cycles (%d at once) in %.1f s:\n", cycles, WAVE,
            (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     print_usage("a wave open", open);
@@ -208,6 +228,11 @@ static void connect_close_cycles(void **state)
     assert_int_equal(base.qps, 0);
     assert_int_equal(end.qps, 0);
     assert_int_equal(end.fds, base.fds);
+    /* not one of meshwire's own objects more than after the first waves */
+    assert_int_equal(end.futures, base.futures);
+    assert_int_equal(end.ops, base.ops);
+    assert_int_equal(end.handles, base.handles);
+    assert_int_equal(end.conns, 0);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     /* the registered arena settles a little later than the rest: MRs and
      * RSS are compared from the 60% mark (its last mapping once came
