@@ -156,7 +156,11 @@ MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
  * failed operation's future), so nothing needs a progress call "just in
  * case".  It is level-triggered: one call may leave work for the next turn
  * (it bounds what it runs, so it cannot starve your loop), and then the
- * descriptor stays readable.  When it is not readable, meshwire has
+ * descriptor stays readable.  The bound is time: posting, draining
+ * completions and reducing stop after about 4 ms of work a turn, large
+ * registrations run on a helper thread, one connection event is handled a
+ * turn; on soft-RoCE in a 2-vCPU VM single calls stay around 5-30 ms (the
+ * README's "Loop stalls" has the figures).  When it is not readable, meshwire has
  * nothing to do until something arrives: sleep.  (On a caller's libevent
  * base, run that base instead: mw_ctx_fd() returns -EINVAL there.)
  */
@@ -412,7 +416,11 @@ typedef struct mw_conn_opts {
                                    connection; default 16 */
     unsigned chunk_size;      /**< one-sided transfers are split into chunks of
                                    at most this (and the port's max message
-                                   size); default 1 MiB */
+                                   size); default 1 MiB.  Where posting is
+                                   slow (soft-RoCE runs its send engine in
+                                   ibv_post_send) chunks are smaller: sized
+                                   to post in about 2 ms, as measured on the
+                                   device, at least 64 KiB */
     unsigned default_port;    /**< port when an address names none; default 7470 */
     unsigned keepalive_ms;    /**< while anything waits on the peer (a
                                    receive, an operation queued or in flight)

@@ -97,9 +97,13 @@ static void on_cm_readable(evutil_socket_t fd, short what, void *arg)
     mw_ctx_t *ctx = arg;
     struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
     struct rdma_cm_event *ev;
-    /* Handlers get the event before it is acked; none of them destroys an
+    /* One event per wake-up, as for completions: setting up a connection
+     * (queue pair, receive slots) costs milliseconds on soft-RoCE, and a
+     * burst of events handled at once would hold the loop for all of them.
+     * The descriptor is level-triggered: the next event wakes us again.
+     * Handlers get the event before it is acked; none of them destroys an
      * id (that would wait for this very ack): teardown is deferred. */
-    while (cm && rdma_get_cm_event(cm->ch, &ev) == 0) {
+    if (cm && rdma_get_cm_event(cm->ch, &ev) == 0) {
         dispatch(ctx, ev);
         rdma_ack_cm_event(ev);
     }

@@ -188,8 +188,6 @@ struct mw__conn {
     unsigned rdma_out;            /* chunks in flight */
     unsigned wr_out;              /* work requests posted, not completed */
     struct event *pump_ev;        /* zero timer: post more next turn */
-    uint64_t budget_turn;         /* ctx->cq_turns when turn_bytes was reset */
-    uint64_t turn_bytes;          /* RDMA bytes posted this turn */
     struct event *probe_ev;       /* keepalive while anything waits */
     struct mw__op *probe_op;      /* the probe in flight, if any */
     uint64_t rx_activity, rx_seen_at_probe;
@@ -299,18 +297,17 @@ void mw__queue_fail_all(struct mw__conn *c, int err, const char *why);
 void mw__queue_drop_all(struct mw__conn *c);       /* at free: the QP is gone */
 bool mw__queue_busy(const struct mw__conn *c);
 
-/* msg.c / rdma.c: each kind's posting, a budget of work requests at a time;
- * they return the work requests posted and set x.all_posted when done.
- * RDMA posts about MW__POST_BYTES_PER_TURN bytes a loop turn at most (rxe
- * runs its send engine inside ibv_post_send: what one turn posts is time
- * the loop is blind); @deferred is set when that ran out, @no_credit when
- * the operation waits for the peer's credits. */
-#define MW__POST_BYTES_PER_TURN (1u << 20)
-int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *no_credit);
+/* send.c / rdma.c: each kind's posting, a budget of work requests at a
+ * time; they return the work requests posted and set x.all_posted when
+ * done.  Posting stops when the loop turn's work budget is spent
+ * (mw__turn_may: rxe runs its send engine inside ibv_post_send), setting
+ * @deferred; @no_credit is set when the operation waits for the peer's
+ * credits. */
+int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *deferred,
+                  bool *no_credit);
 int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
                   bool *no_credit);
 int mw__msg_return_credits(struct mw__conn *c);    /* a credit-only fragment */
-void mw__rdma_new_turn(struct mw__conn *c);  /* a loop turn of its own: budget anew */
 void mw__recv_fail_all(struct mw__conn *c, int err, const char *why);
 int mw__msg_post_recvs(struct mw__conn *c);
 void mw__msg_free_buffers(struct mw__conn *c);

@@ -107,7 +107,7 @@ void mw__conn_pump(struct mw__conn *c)
         if (x->all_posted)
             continue;
         budget -= x->kind == MW__XFER_SEND
-                      ? mw__send_pump(c, (struct mw__send *)x, budget, &no_credit)
+                      ? mw__send_pump(c, (struct mw__send *)x, budget, &deferred, &no_credit)
                       : mw__rdma_pump(c, (struct mw__rdma *)x, budget, &deferred, &no_credit);
         /* issue order: nothing overtakes an operation not all posted */
         if (c->err || !x->all_posted || budget <= 0 || deferred)
@@ -129,7 +129,6 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    mw__rdma_new_turn(arg);
     mw__conn_pump(arg);
 }
 

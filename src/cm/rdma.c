@@ -73,7 +73,9 @@ void mw__rdma_drop_exports(struct mw__conn *c)
 static uint64_t chunk_of(const struct mw__conn *c)
 {
     uint64_t chunk = c->opts.chunk_size;
-    return c->max_msg && c->max_msg < chunk ? c->max_msg : chunk;
+    if (c->max_msg && c->max_msg < chunk)
+        chunk = c->max_msg;
+    return mw__dev_post_chunk(c->dev, chunk);
 }
 
 static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
@@ -109,32 +111,22 @@ static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
         wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.imm_data = htonl(r->imm);
     }
+    uint64_t t0 = mw__now_ns();
     int rc = -ibv_post_send(c->id->qp, &wr, &bad);
     if (rc < 0)
         return rc;
+    uint64_t took = mw__now_ns() - t0;
+    if (r->opcode != IBV_WR_RDMA_READ)   /* a read's bytes move later */
+        mw__dev_post_cost(c->dev, n, took);
     if (last && r->with_imm)
         c->send_credits--;
     r->posted += n;
     r->x.all_posted = last;
-    c->turn_bytes += n;
     r->x.out++;
     c->rdma_out++;
     c->wr_out++;
     c->stats.rdma_bytes += n;
     return 0;
-}
-
-void mw__rdma_new_turn(struct mw__conn *c)
-{
-    c->budget_turn = c->ctx->cq_turns;
-    c->turn_bytes = 0;
-}
-
-static bool turn_bytes_spent(struct mw__conn *c)
-{
-    if (c->budget_turn != c->ctx->cq_turns)
-        mw__rdma_new_turn(c);
-    return c->turn_bytes >= MW__POST_BYTES_PER_TURN;
 }
 
 int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
@@ -147,7 +139,7 @@ int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *defe
             *no_credit = true;        /* the immediate waits for a credit */
             break;
         }
-        if (turn_bytes_spent(c)) {
+        if (!mw__turn_may(c->ctx)) {
             *deferred = true;         /* the rest next turn */
             break;
         }

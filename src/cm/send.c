@@ -69,10 +69,15 @@ static struct mw__frag next_frag(const struct mw__conn *c, const struct mw__send
     return fr;
 }
 
-int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *no_credit)
+int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *deferred,
+                  bool *no_credit)
 {
     int posted = 0;
     while (posted < budget && c->send_credits > 1 && c->nfree_send) {
+        if (!mw__turn_may(c->ctx)) {
+            *deferred = true;         /* the rest next turn */
+            break;
+        }
         struct mw__frag fr = next_frag(c, s);
         int rc = post_frag(c, s, &fr);
         if (rc < 0) {

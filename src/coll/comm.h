@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "meshwire.h"
+#include "core/ctx.h"
 #include "core/list.h"
 
 struct mw__run;
@@ -56,6 +57,7 @@ struct mw__comm {
     int allreduce_algo;           /* enum mw__algo: MW_ALLREDUCE_ALGO, read at
                                      creation and agreed by every rank's hello */
     struct mw__list colls;        /* in issue order; the head executes */
+    struct mw__task resume;       /* advance again next turn (holds a ref) */
 };
 
 /* comm.c */

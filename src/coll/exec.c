@@ -247,13 +247,36 @@ static void ack_taken(struct mw__peer *p)
     p->unacked = 0;
 }
 
-/* Apply what has arrived from this step's peer; false on a mismatch. */
+static void on_resume(struct mw__task *t)
+{
+    struct mw__comm *comm = mw__container_of(t, struct mw__comm, resume);
+    mw__coll_advance(comm);
+    mw__comm_unref(comm);
+}
+
+/* Come back next loop turn: the work left would hold the loop too long. */
+static void resume_later(struct mw__comm *comm)
+{
+    if (comm->resume.queued)
+        return;
+    comm->resume.fn = on_resume;
+    mw__comm_ref(comm);
+    mw__defer(comm->ctx, &comm->resume);
+}
+
+/* Apply what has arrived from this step's peer; false on a mismatch.
+ * Reducing a chunk costs milliseconds under emulation: within the turn's
+ * work budget (mw__turn_may), the rest on a later turn. */
 static bool take_receives(struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
     struct mw__peer *p = &k->comm->peers[st->recv_from];
     unsigned slots = k->comm->opts.slots;
     while (k->r_done < k->r_chunks && p->arrived > p->consumed) {
+        if (!mw__turn_may(k->comm->ctx)) {
+            resume_later(k->comm);
+            break;
+        }
         uint32_t imm = p->imm[p->consumed % slots];
         if (imm != imm_of(k, k->step)) {
             mw__comm_abort(k->comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,

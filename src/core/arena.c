@@ -371,6 +371,20 @@ void mw_free(mw_ctx_t *ctx, void *p)
     ev_report(ctx->mem, a, "mw_free");
 }
 
+void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes)
+{
+    if (ctx && ctx->mem && !ctx->mem->reserve)
+        ctx->mem->reserve = mw_alloc(ctx, bytes);   /* NULL: grown later, inline */
+}
+
+void mw__mem_unreserve(mw_ctx_t *ctx)
+{
+    if (ctx && ctx->mem && ctx->mem->reserve) {
+        mw_free(ctx, ctx->mem->reserve);
+        ctx->mem->reserve = NULL;
+    }
+}
+
 void mw__arena_destroy(struct mw__mem *m)
 {
     struct mw__arena *a = m->arena;

@@ -52,13 +52,15 @@ void mw__cq_fail(struct mw__cq *cq, const char *what, int err)
 }
 
 /* Poll until dry, re-arming once and polling again.  Returns false when the
- * budget ran out with completions possibly left (come back next turn). */
+ * budget ran out with completions possibly left (come back next turn).  The
+ * budget is in completions and in the turn's work budget: what a completion
+ * sets off (a reduction, the next posts) can cost milliseconds on soft-RoCE. */
 static bool drain(struct mw__cq *cq, unsigned *budget)
 {
     mw_ctx_t *ctx = cq->ctx;
     struct ibv_wc wc[POLL_BATCH];
     for (;;) {
-        if (*budget == 0)
+        if (*budget == 0 || !mw__turn_may(ctx))
             return false;
         int want = *budget < POLL_BATCH ? (int)*budget : POLL_BATCH;
         int n = cq->drv->poll(cq->cq, want, wc);
@@ -85,7 +87,6 @@ static bool drain(struct mw__cq *cq, unsigned *budget)
 void mw__cq_handle(struct mw__cq *cq)
 {
     mw_ctx_t *ctx = cq->ctx;
-    ctx->cq_turns++;
     void *cq_context;
     /* One event per wake-up: the descriptor is level-triggered, so another
      * pending event wakes us again, and reading until EAGAIN would cost a

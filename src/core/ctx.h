@@ -57,7 +57,8 @@ struct mw_ctx {
     struct event *defer_ev;
     struct mw__task *defer_head, **defer_tail;
     uint64_t defer_pass;          /* tasks queued now run in this pass */
-    uint64_t cq_turns;            /* completion-queue passes: per-turn budgets reset */
+    struct timeval turn;          /* the loop turn turn_t0 belongs to (loop.c) */
+    uint64_t turn_t0;             /* when meshwire first worked in that turn */
     int in_callback;              /* > 0 while running tasks: mw_wait refuses */
 
     struct mw__list futures;      /* every live future (pending ones fail at free) */
@@ -84,8 +85,21 @@ void mw__loop_kick(mw_ctx_t *ctx);
 int mw__loop_new(mw_ctx_t *ctx);
 void mw__loop_free(mw_ctx_t *ctx);
 
-/* mw__now_ms() - CLOCK_MONOTONIC in milliseconds. */
+/* mw__now_ms() / mw__now_ns() - CLOCK_MONOTONIC. */
 uint64_t mw__now_ms(void);
+uint64_t mw__now_ns(void);
+
+/* The work budget of a loop turn.  Under soft-RoCE a post runs rxe's send
+ * engine inside ibv_post_send (about 30 ms per MiB in a VM), and reducing
+ * a received chunk, or what a completion sets off, costs milliseconds: work
+ * that one turn does is time the loop runs nothing else.  Code that works
+ * in loops (posting, draining a CQ, reducing) asks mw__turn_may() before
+ * each piece; a turn works for about MW__TURN_NS from its first piece, and
+ * what is left waits for a later turn (each such loop arranges to be called
+ * again).  On hardware these pieces cost microseconds and the budget
+ * rarely binds. */
+#define MW__TURN_NS 4000000u
+bool mw__turn_may(mw_ctx_t *ctx);
 
 /* A zero timeout: "on the next loop turn, after I/O". */
 extern const struct timeval mw__zero_tv;

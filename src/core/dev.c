@@ -29,6 +29,29 @@ struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index)
     return index >= 0 && index < mw__dev_count(ctx) ? ctx->devs->v[index] : NULL;
 }
 
+#define MIN_POST_CHUNK (64u << 10)
+
+uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max)
+{
+    uint64_t chunk = MIN_POST_CHUNK;
+    if (dev->post_ns_per_kib)
+        chunk = (uint64_t)MW__TURN_NS / 2 / dev->post_ns_per_kib * 1024;
+    chunk = chunk < MIN_POST_CHUNK ? MIN_POST_CHUNK : chunk & ~(uint64_t)4095;
+    return chunk < max ? chunk : max;
+}
+
+void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns)
+{
+    if (bytes < MIN_POST_CHUNK / 4)
+        return;                   /* small posts measure the call, not the bytes */
+    uint64_t per_kib = ns * 1024 / bytes;
+    per_kib = per_kib ? (per_kib > UINT32_MAX ? UINT32_MAX : per_kib) : 1;
+    /* a moving average: one slow post (a preemption) moves it a quarter */
+    dev->post_ns_per_kib = dev->post_ns_per_kib
+                               ? (uint32_t)((3 * (uint64_t)dev->post_ns_per_kib + per_kib) / 4)
+                               : (uint32_t)per_kib;
+}
+
 static void dev_release(struct mw__dev *dev)
 {
     if (dev->async_ev) {
@@ -188,6 +211,7 @@ static void registered(struct mw__dev *dev, int err, void *arg)
     (void)arg;
     mw_ctx_t *ctx = dev->ctx;
     dev->ready = true;
+    mw__mem_unreserve(ctx);           /* for the connections that waited */
     if (err || dev->remove_pending) {
         MW_LOG(ctx, err ? MW_LOG_ERROR : MW_LOG_INFO, "RDMA device %s: %s", dev->name,
                err ? "registering memory failed" : "removed while registering memory");
@@ -227,6 +251,8 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
         return rc;
     }
     dev->ready = rc == 0;
+    if (dev->ready)
+        mw__mem_unreserve(ctx);
     d->v[d->n++] = dev;
     ctx->stats.devices++;
     MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, max_mr_size %llu)",

@@ -24,7 +24,16 @@ struct mw__dev {
     bool broken;                   /* its CQ failed or it reported a fatal error */
     bool ready;                    /* every region has its keys here */
     bool remove_pending;           /* removed while registering: finish after */
+    uint32_t post_ns_per_kib;      /* what a post costs per KiB here; 0: unknown */
 };
+
+/* mw__dev_post_chunk() - how much of a one-sided transfer to hand @dev in
+ * one post: @max, or less where posting costs time per byte (rxe: the
+ * send engine runs in the post), so that one post stays within half a
+ * loop turn's posting budget; 64 KiB at least, and while the cost is
+ * unknown.  mw__dev_post_cost() tells it what a post of @bytes took. */
+uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max);
+void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 
 /* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
  * registering all existing memory with the new PD) on first use.  Much

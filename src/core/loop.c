@@ -60,6 +60,30 @@ uint64_t mw__now_ms(void)
     return now_ns() / 1000000u;
 }
 
+uint64_t mw__now_ns(void)
+{
+    return now_ns();
+}
+
+/* --- the work budget of a loop turn -------------------------------------- */
+
+/* libevent caches the time once per turn, after polling: a new cached time
+ * is a new turn, whose budget starts at its first piece of work.  Outside
+ * the loop the time is read afresh on every call, so a caller posting from
+ * its own code is not held back (its pump is bounded per call anyway). */
+bool mw__turn_may(mw_ctx_t *ctx)
+{
+    struct timeval tv;
+    uint64_t now = now_ns();
+    if (event_base_gettimeofday_cached(ctx->base, &tv) < 0)
+        return true;
+    if (tv.tv_sec != ctx->turn.tv_sec || tv.tv_usec != ctx->turn.tv_usec) {
+        ctx->turn = tv;
+        ctx->turn_t0 = now;
+    }
+    return now - ctx->turn_t0 < MW__TURN_NS;
+}
+
 /* --- deadlines ------------------------------------------------------------ */
 
 static void heap_push(struct mw__loop *l, uint64_t v)
@@ -223,13 +247,18 @@ int mw_ctx_progress(mw_ctx_t *ctx)
     uint64_t expirations;
     if (l->tfd >= 0 && read(l->tfd, &expirations, sizeof expirations) < 0 && errno != EAGAIN)
         return -errno;
-    /* libevent runs events that callbacks activate on its next turn, so
-     * turn until nothing is active (bounded, so progress cannot starve the
-     * caller's loop; what is left re-arms the descriptor below) */
+    /* One libevent turn at a time (NONBLOCK alone keeps turning while
+     * anything is active: a peer that keeps sending would hold the caller
+     * here).  Events that callbacks activate run on the next turn, so turn
+     * until nothing is active -- bounded in turns and in time (a turn's
+     * work budget), so that progress cannot keep the caller's loop
+     * waiting; what is left re-arms the descriptor below. */
+    uint64_t t0 = now_ns();
     for (int turn = 0; turn < 8; turn++) {
-        if (event_base_loop(ctx->base, EVLOOP_NONBLOCK) < 0)
+        if (event_base_loop(ctx->base, EVLOOP_NONBLOCK | EVLOOP_ONCE) < 0)
             return -EIO;
-        if (!event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
+        if (!event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE) ||
+            now_ns() - t0 >= MW__TURN_NS)
             break;
     }
     if (l->epfd < 0)

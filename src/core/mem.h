@@ -38,14 +38,25 @@ void mw__mem_free(mw_ctx_t *ctx);
 int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 /* mw__mem_add_dev_async() - as mw__mem_add_dev(), but when the live
  * regions come to more than MW__REG_INLINE_BYTES the helper thread
- * registers them (about a second per GiB on soft-RoCE: the loop must not
- * wait) and @done(dev, err, arg) runs from the loop once it has; regions
+ * registers them (pinning and faulting in pages: about a second per GiB on
+ * soft-RoCE, milliseconds per MiB in a VM: the loop must not wait) and @done(dev, err, arg) runs from the loop once it has; regions
  * made meanwhile register with @dev at once, as usual.  Return 0 (done
  * now: @done is not called), 1 (pending: @done will be), or a negative
  * errno. */
-#define MW__REG_INLINE_BYTES (32u << 20)
+#define MW__REG_INLINE_BYTES (1u << 20)
 int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
                           void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
+
+/* mw__mem_reserve() / mw__mem_unreserve() - hold @bytes of mw_alloc()
+ * memory from context creation until the first device is usable, then
+ * give it back to the arena.  Growing the arena costs tens of milliseconds
+ * in a VM (jemalloc's arena, faulting in the pages); done at creation, with
+ * no device yet, it registers nothing, and the first device registers it
+ * off the loop: the first connections then find their slots registered
+ * already, with no growth inside an rdma_cm handler. */
+#define MW__MEM_RESERVE_BYTES (8u << 20)
+void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes);
+void mw__mem_unreserve(mw_ctx_t *ctx);
 
 /* mw__reg_async() - mw_reg() without stalling the loop on a large range:
  * above MW__REG_ASYNC_BYTES a range not registered yet is registered by the

@@ -149,6 +149,7 @@ struct mw__mem {
     size_t nuregs;
     struct mw__list handles;      /* every mw_mr_t handed out */
     struct mw__arena *arena;      /* created by the first mw_alloc() */
+    void *reserve;                /* mw__mem_reserve(): held until a device */
     /* registrations kept after their last mw_dereg (regcache.c) */
     struct mw__uffd *uffd;        /* NULL: userfaultfd unavailable or unused yet */
     int uffd_tried;               /* 0 not yet, 1 on, -errno unavailable */

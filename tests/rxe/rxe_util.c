@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <event2/event.h>
+
 #include "rxe_util.h"
 
 void rxe_require(int n, const char **addrs)
@@ -58,6 +60,9 @@ static int make_qp(mw_ctx_t *ctx, struct rdma_cm_id *id, int depth, struct mw__d
     int rc = mw__dev_get(ctx, id->verbs, devp);
     if (rc < 0)
         return rc;
+    /* the helper thread registers the context's memory with a new device */
+    while (!(*devp)->ready)
+        event_base_loop(ctx->base, EVLOOP_ONCE);
     struct ibv_cq *cq = (*devp)->cq->cq;
     struct ibv_qp_init_attr a = {
         .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,

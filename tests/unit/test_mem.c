@@ -24,6 +24,7 @@
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/mem.h"
+#include "core/worker.h"
 #include "core/region.h"
 
 /* ------------------------------------------------------------------------
@@ -184,6 +185,7 @@ static int setup_unkept(void **state)
 static int teardown(void **state)
 {
     struct env *e = *state;
+    mw__worker_flush(e->ctx);     /* deregistrations handed to the helper */
     mw__mem_free(e->ctx);
     mw_ctx_stats_t st;
     mw_ctx_stats(e->ctx, &st);
