@@ -25,6 +25,12 @@
  *                                      made, given a callback, resolved and
  *                                      released (default 2,000,000), and the
  *                                      cost of one handle lookup
+ *   mwbench stalls ADDR               the longest single mw_ctx_progress()
+ *                                      call of an epoll loop driving the
+ *                                      context, in three situations: a first
+ *                                      connection, a first connection with
+ *                                      1 GiB already from mw_alloc, and
+ *                                      allreduce on malloc'd buffers (2 ranks)
  *
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
@@ -33,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -627,6 +634,165 @@ static int coll_bench(int argc, char **argv)
     return addr ? coll_local(addr, nranks, op, nsizes, sizes) : coll_rank(op, nsizes, sizes);
 }
 
+/* --- loop stalls: the longest mw_ctx_progress() call ------------------------- */
+
+/* Drive @ctx from an epoll loop of our own, as a program with its own loop
+ * would, until @f completes; the longest single mw_ctx_progress() call is
+ * how long such a program's other work could be kept waiting. */
+static double drive(mw_ctx_t *ctx, mw_future_t *f, const char *what)
+{
+    int fd = mw_ctx_fd(ctx), ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event e = {.events = EPOLLIN};
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+    double worst = 0;
+    while (mw_future_state(f) == MW_FUTURE_PENDING) {
+        if (epoll_wait(ep, &e, 1, 60000) != 1)
+            die(what, -ETIMEDOUT, NULL);
+        double t0 = now();
+        mw_ctx_progress(ctx);
+        if (now() - t0 > worst)
+            worst = now() - t0;
+    }
+    close(ep);
+    if (mw_future_error(f))
+        die(what, mw_future_error(f), f);
+    return worst;
+}
+
+static void accept_into(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    if (mw_future_resolve(arg, c) < 0)
+        mw_conn_abort(c);
+}
+
+/* A fresh context's first connection to itself on @addr, after @prealloc
+ * bytes from mw_alloc (touched, as an application's would be). */
+static double stall_first_connect(const char *addr, size_t prealloc)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    void *big = prealloc ? mw_alloc(ctx, prealloc) : NULL;
+    if (prealloc && !big)
+        die("mw_alloc", -ENOMEM, NULL);
+    if (big)
+        memset(big, 1, prealloc);
+    mw_listener_t *l;
+    mw_future_t *acc = mw_future_new(ctx);
+    char a[128];
+    snprintf(a, sizeof a, "%s:0", addr);
+    int rc = mw_listen(ctx, a, NULL, accept_into, acc, &l);
+    if (rc)
+        die("listen", rc, NULL);
+    snprintf(a, sizeof a, "%s:%d", addr, mw_listener_port(l));
+    mw_future_t *f = mw_connect(ctx, a, NULL);
+    double worst = drive(ctx, f, "connect");
+    double w2 = drive(ctx, acc, "accept");
+    close_conn(mw_future_value(f));
+    close_conn(mw_future_value(acc));
+    mw_future_unref(f);
+    mw_future_unref(acc);
+    mw_listener_free(l);
+    mw_free(ctx, big);
+    mw_ctx_free(ctx);
+    return worst > w2 ? worst : w2;
+}
+
+/* One of two ranks running allreduce on malloc'd (unregistered) buffers;
+ * returns its longest progress call. */
+static double stall_coll_rank(int rank, const char *peers[2], size_t bytes, int iters)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    mw_future_t *cf = mw_comm_create(ctx, rank, 2, peers, NULL);
+    drive(ctx, cf, "communicator");
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    float *x = malloc(bytes);
+    memset(x, 0, bytes);
+    double worst = 0;
+    for (int i = 0; i < iters; i++) {
+        mw_future_t *f = mw_allreduce(comm, x, x, bytes / sizeof *x, MW_F32, MW_SUM);
+        double w = drive(ctx, f, "allreduce");
+        worst = w > worst ? w : worst;
+        mw_future_unref(f);
+    }
+    mw_future_t *b = mw_barrier(comm);
+    drive(ctx, b, "barrier");
+    mw_future_unref(b);
+    free(x);
+    mw_comm_free(comm);
+    mw_ctx_free(ctx);
+    return worst;
+}
+
+/* Each situation runs in a fresh process, as a program's first use of
+ * meshwire would: nothing opened, registered or loaded yet. */
+enum stall_case { STALL_ALLREDUCE, STALL_CONNECT, STALL_CONNECT_1GIB };
+
+static double stall_case(enum stall_case k, const char *addr, const char *peers[2], int rank)
+{
+    switch (k) {
+    case STALL_ALLREDUCE: return stall_coll_rank(rank, peers, 64u << 20, 5);
+    case STALL_CONNECT: return stall_first_connect(addr, 0);
+    default: return stall_first_connect(addr, 1u << 30);
+    }
+}
+
+/* Run @k in @n fresh processes at once (ranks 0..n-1); the worst of their
+ * longest progress calls, or -1 if one failed. */
+static double stall_fresh(enum stall_case k, const char *addr, const char *peers[2], int n)
+{
+    int fds[2];
+    if (pipe(fds) < 0)
+        die("pipe", -errno, NULL);
+    for (int r = 0; r < n; r++) {
+        if (fork() == 0) {
+            close(fds[0]);
+            double w = stall_case(k, addr, peers, r);
+            _exit(write(fds[1], &w, sizeof w) == sizeof w ? 0 : 1);
+        }
+    }
+    close(fds[1]);
+    double worst = 0, w;
+    int got = 0, st, ok = 1;
+    while (read(fds[0], &w, sizeof w) == sizeof w) {
+        got++;
+        worst = w > worst ? w : worst;
+    }
+    close(fds[0]);
+    for (int r = 0; r < n; r++)
+        if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            ok = 0;
+    return ok && got == n ? worst : -1;
+}
+
+static int stalls_bench(const char *addr)
+{
+    static const struct {
+        enum stall_case k;
+        int procs;
+        const char *key, *what;
+    } cases[] = {
+        {STALL_ALLREDUCE, 2, "allreduce-64MiB-malloc", "allreduce, 64 MiB malloc'd, 2 ranks (worst of 5)"},
+        {STALL_CONNECT, 1, "connect", "first connection of a process"},
+        {STALL_CONNECT_1GIB, 1, "connect-1GiB-alloc", "first connection, 1 GiB from mw_alloc"},
+    };
+    printf("%-22s %-50s %15s\n", "key", "situation", "max_progress_ms");
+    char p0[96], p1[96];
+    int port = 20000 + getpid() % 20000, failed = 0;
+    snprintf(p0, sizeof p0, "%s:%d", addr, port);
+    snprintf(p1, sizeof p1, "%s:%d", addr, port + 1);
+    const char *peers[2] = {p0, p1};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double w = stall_fresh(cases[i].k, addr, peers, cases[i].procs);
+        failed |= w < 0;
+        printf("%-22s %-50s %15.1f\n", cases[i].key, cases[i].what, w * 1e3);
+        fflush(stdout);
+    }
+    return failed;
+}
+
 /* --- futures: the API's own cost, no RDMA ---------------------------------- */
 
 #define FWAVE 1000
@@ -701,11 +867,13 @@ int main(int argc, char **argv)
         return coll_bench(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "lat"))
         return lat_bench(argv[2], argc - 3, argv + 3);
+    if (argc == 3 && !strcmp(argv[1], "stalls"))
+        return stalls_bench(argv[2]);
     if (argc >= 2 && argc <= 3 && !strcmp(argv[1], "futures"))
         return futures_bench(argc == 3 ? atol(argv[2]) : 2000000);
     fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
                     "       mwbench lat ADDR [SIZE...]\n"
                     "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n"
-                    "       mwbench futures [N]\n");
+                    "       mwbench futures [N] | stalls ADDR\n");
     return 2;
 }
