@@ -607,9 +607,10 @@ typedef struct mw_comm_opts {
     unsigned timeout_ms;      /**< creation deadline, peers included (they may
                                    start later); default 60000 */
     unsigned slot_size;       /**< bytes per scratch slot a peer writes into;
-                                   default 1 MiB */
+                                   default 1 MiB; a multiple of 4 KiB,
+                                   4 KiB..256 MiB */
     unsigned slots;           /**< scratch slots per peer (chunks in flight);
-                                   default 4 */
+                                   default 4, 1..1024 */
     mw_conn_opts_t conn;      /**< for the connections of the mesh */
 } mw_comm_opts_t;
 
@@ -634,7 +635,7 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
  * while a peer starts are retried (they show in mw_ctx_stats as flushes).
  * Return: a future whose value is the mw_comm_t * (the caller's, free with
  * mw_comm_free); NULL only when out of memory.  It fails with -EINVAL for
- * a bad rank, count or entry, -ETIMEDOUT naming the ranks still missing at
+ * a bad rank, count, entry or option (the message names it), -ETIMEDOUT naming the ranks still missing at
  * the deadline (failed connects are retried until then), or -EPROTO when a
  * peer disagrees (another rank count or scratch geometry).
  */

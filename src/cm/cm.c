@@ -67,8 +67,14 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
     enum mw__cm_kind *kind = ev->id->context;
     MW_LOG(ctx, MW_LOG_DEBUG, "rdma_cm: %s (status %d)", rdma_event_str(ev->event), ev->status);
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        /* the new id carries the listener's context until we adopt it */
-        mw__listener_event((struct mw__listener *)ev->listen_id->context, ev);
+        /* The new id carries the listener's context until we adopt it.  A
+         * listener that lost its device, or was freed, with requests still
+         * queued behind that has none: those are refused. */
+        struct mw__listener *l = ev->listen_id->context;
+        if (l)
+            mw__listener_event(l, ev);
+        else
+            mw__listener_refuse_orphan(ctx, ev->id);
         return;
     }
     if (ev->event == RDMA_CM_EVENT_ADDR_CHANGE || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL)

@@ -242,6 +242,9 @@ mw_conn_t *mw__conn_handle(const struct mw__conn *c);
 void mw__listener_free(struct mw__listener *l);
 int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *opts,
                  struct mw__conn **cp);
+/* mw__conn_opts_check() - 0 when every field of @o is in its documented
+ * range, else -EINVAL. */
+int mw__conn_opts_check(const mw_conn_opts_t *o);
 /* mw__conn_set_state() - move @c to @s; a move the life cycle does not
  * allow is an internal error (an assert in debug builds, a log line else). */
 void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s);
@@ -272,6 +275,9 @@ void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
 /* connect.c / listen.c: rdma_cm events for each kind */
 void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev);
+/* mw__listener_refuse_orphan() - a connect request whose listener is gone
+ * (device removed, listener freed): rejected, its id destroyed later. */
+void mw__listener_refuse_orphan(mw_ctx_t *ctx, struct rdma_cm_id *id);
 void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev);
 
 /* queue.c: the operations of a connection, in issue order */

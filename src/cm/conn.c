@@ -48,7 +48,7 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
     };
 }
 
-static int check_opts(const mw_conn_opts_t *o)
+int mw__conn_opts_check(const mw_conn_opts_t *o)
 {
     if (o->credits < 2 || o->credits > 4096 || o->slot_size < 256 ||
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
@@ -99,7 +99,7 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
         o = *opts;
     else
         mw_conn_opts_init(&o);
-    int rc = check_opts(&o);
+    int rc = mw__conn_opts_check(&o);
     if (rc < 0)
         return rc;
     if (!o.keepalive_ms)

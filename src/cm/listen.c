@@ -207,6 +207,12 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
         refuse(c, rc, why);
 }
 
+void mw__listener_refuse_orphan(mw_ctx_t *ctx, struct rdma_cm_id *id)
+{
+    send_reject(ctx, id, "no longer listening");
+    mw__cm_destroy_id_later(ctx, id);
+}
+
 void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev)
 {
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)

@@ -12,6 +12,7 @@
 
 #include <event2/event.h>
 
+#include "cm/cm.h"
 #include "cm/nic.h"
 #include "coll/comm.h"
 #include "coll/sched.h"
@@ -525,6 +526,26 @@ static void create_cancel(mw_future_t *f, void *arg)
     comm_close(arg, "creation cancelled or timed out");
 }
 
+/* What a communicator can work with: slots that hold whole, aligned
+ * elements of every type (a multiple of 4 KiB), a slot count the 24-bit
+ * acks and the receive bookkeeping can carry, a deadline, connection
+ * options in range.  NULL, or why not. */
+static const char *bad_opts(const mw_comm_opts_t *o)
+{
+    if (!o)
+        return NULL;
+    if (o->slot_size < MW__COMM_SLOT_MIN || o->slot_size > MW__COMM_SLOT_MAX ||
+        o->slot_size % MW__COMM_SLOT_MIN)
+        return "opts->slot_size must be a multiple of 4 KiB, 4 KiB to 256 MiB";
+    if (o->slots < 1 || o->slots > MW__COMM_SLOTS_MAX)
+        return "opts->slots must be 1 to 1024";
+    if (o->timeout_ms < 1)
+        return "opts->timeout_ms must be at least 1";
+    if (mw__conn_opts_check(&o->conn) < 0)
+        return "opts->conn has a field out of its range (see mw_conn_opts_t)";
+    return NULL;
+}
+
 mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *const *peers,
                             const mw_comm_opts_t *opts)
 {
@@ -533,6 +554,11 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
         return NULL;
     if (nranks < 1 || rank < 0 || rank >= nranks || !peers) {
         mw_future_fail(f, -EINVAL, "bad rank %d of %d or no peer list", rank, nranks);
+        return f;
+    }
+    const char *why = bad_opts(opts);
+    if (why) {
+        mw_future_fail(f, -EINVAL, "%s", why);
         return f;
     }
     unsigned dflt = opts ? opts->conn.default_port : MW_DEFAULT_PORT;

@@ -61,6 +61,9 @@ struct mw__comm {
 };
 
 /* comm.c */
+#define MW__COMM_SLOT_MIN 4096u
+#define MW__COMM_SLOT_MAX (256u << 20)
+#define MW__COMM_SLOTS_MAX 1024u
 /* mw__comm_freed() - the owner let go (its handle is released): callbacks
  * still in flight do nothing. */
 static inline bool mw__comm_freed(const struct mw__comm *comm)

@@ -464,6 +464,11 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
     o.slot_size = 64 << 10;                 /* many chunks per step: pipelining */
     if (multi)
         o.conn.timeout_ms = 1000;           /* A fails fast */
+    bool small = !strcmp(mode, "smallslots");
+    if (small) {                            /* the smallest geometry allowed */
+        o.slot_size = 4096;
+        o.slots = 1;
+    }
     bool algo = !strcmp(mode, "algo");
     if (algo) {                         /* the ranks disagree on allreduce's algorithm */
         o.timeout_ms = 3000;
@@ -511,6 +516,11 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_regcache(ctx, comm);
     } else if (!strncmp(mode, "kill:", 5)) {
         check_killed_rank(ctx, comm, rank, nranks, mode + 5);
+    } else if (small) {
+        /* every type through one 4 KiB slot: many chunks a step, one in
+         * flight (a slot smaller than an element is refused at creation) */
+        for (int dt = 0; dt < MW_DTYPE_COUNT; dt++)
+            check_allreduce(comm, dt, MW_SUM, 4096 + 3, dt % 2);
     } else {
         if (wait_ok(mw_barrier(comm), "barrier"))
             failures++;
@@ -598,6 +608,7 @@ static void ranks_8(void **s)
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
 static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }
 static void local_failure_2(void **s) { (void)s; run_ranks(2, "localfail"); }
+static void smallest_slots_2(void **s) { (void)s; run_ranks(2, "smallslots"); }
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
 static void algo_mismatch_2(void **s) { (void)s; run_ranks(2, "algo"); }
 static void regcache_2(void **s) { (void)s; run_ranks(2, "regcache"); }
@@ -629,6 +640,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(mismatch_3), cmocka_unit_test(multiaddr_3),
         cmocka_unit_test(local_failure_2), cmocka_unit_test(deadline_2),
         cmocka_unit_test(algo_mismatch_2), cmocka_unit_test(regcache_2),
+        cmocka_unit_test(smallest_slots_2),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
         cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
         cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),

@@ -6,6 +6,8 @@
  * it changes the node's devices (and restores them), and only inside the
  * VMs of tools/rxe-vm, never on a host's own devices. */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -84,6 +86,40 @@ static void netdev_of(const char *dev, char *out, size_t cap)
         pclose(p);
 }
 
+/* A process that keeps connecting to @target, one attempt at a time, for
+ * @ms: its requests reach the listener while the device goes, some queued
+ * behind the removal.  It must end by itself: a process that has used
+ * rdma_cm holds every device open, and the removal waits for it. */
+static void connect_storm(const char *target, unsigned ms)
+{
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        _exit(2);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.timeout_ms = 500;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        mw_future_t *f = mw_connect(ctx, target, &o);
+        if (mw_wait(f) == 0)
+            mw_conn_abort(mw_future_value(f));
+        mw_future_unref(f);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < (long)ms);
+    mw_ctx_free(ctx);
+    _exit(0);
+}
+
+static int orphans_refused;
+
+static void count_orphans(int level, const char *msg, void *arg)
+{
+    (void)arg, (void)level;
+    if (strstr(msg, "no longer listening"))
+        orphans_refused++;
+}
+
 static void device_deleted_under_live_connections(void **state)
 {
     (void)state;
@@ -93,7 +129,10 @@ static void device_deleted_under_live_connections(void **state)
         skip();
     }
     mw_ctx_t *ctx;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_fn = count_orphans;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &co), 0);
     struct server s0, s1;
     mw_conn_t *c0 = pair(ctx, addrs[0], &s0), *c1 = pair(ctx, addrs[1], &s1);
     round_trip(ctx, c0, s0.c);
@@ -109,6 +148,12 @@ static void device_deleted_under_live_connections(void **state)
     assert_true(netdev[0] != 0);
 
     mw_future_t *pending = mw_recv(c1), *other = mw_recv(s1.c);
+    char target[80];
+    snprintf(target, sizeof target, "%s:%d", addrs[1], mw_listener_port(s1.l));
+    pid_t storm = fork();
+    if (storm == 0)
+        connect_storm(target, 1500);
+    loop_for(ctx, 300);                       /* its requests are coming in */
     double took;
     char *del[] = {"rdma", "link", "delete", dev, NULL};
     int rc = rxe_run_while_looping(ctx, del, &took);
@@ -122,6 +167,16 @@ static void device_deleted_under_live_connections(void **state)
     mw_future_unref(pending);
     mw_future_unref(other);
     assert_int_equal(mw_listener_port(s1.l), -ENODEV);
+    int st = -1;                              /* the storm ended (the removal waited) */
+    for (int t = 0; t < 100 && waitpid(storm, &st, WNOHANG) == 0; t++)
+        loop_for(ctx, 50);
+    if (st == -1) {
+        kill(storm, SIGKILL);
+        waitpid(storm, &st, 0);
+    }
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    printf("connects that arrived after the listener lost its device: %d, refused\n",
+           orphans_refused);
 
     round_trip(ctx, c0, s0.c);                /* the other device goes on */
 

@@ -150,6 +150,59 @@ static void bad_values(void **state)
     mw_ctx_free(ctx);
 }
 
+/* A communicator's options are checked before anything starts: each one
+ * out of range is refused, named; the edges are accepted. */
+static void comm_options_checked(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    const char *peer[] = {"localhost:1"};
+    struct { unsigned slot_size, slots, timeout_ms, credits; const char *names; } bad[] = {
+        {4, 4, 1000, 16, "slot_size"},                /* smaller than an f64: SIGFPE once */
+        {0, 4, 1000, 16, "slot_size"},
+        {4095, 4, 1000, 16, "slot_size"},
+        {4097, 4, 1000, 16, "slot_size"},             /* misaligned elements */
+        {(256u << 20) + 4096, 4, 1000, 16, "slot_size"},
+        {4096, 0, 1000, 16, "slots"},
+        {4096, 1025, 1000, 16, "slots"},
+        {4096, 1u << 24, 1000, 16, "slots"},          /* beyond the 24-bit acks */
+        {4096, 4, 0, 16, "timeout_ms"},
+        {4096, 4, 1000, 1, "opts->conn"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        mw_comm_opts_t o;
+        mw_comm_opts_init(&o);
+        o.slot_size = bad[i].slot_size;
+        o.slots = bad[i].slots;
+        o.timeout_ms = bad[i].timeout_ms;
+        o.conn.credits = bad[i].credits;
+        mw_future_t *f = mw_comm_create(ctx, 0, 1, peer, &o);
+        if (mw_wait(f) != -EINVAL || !strstr(mw_future_message(f), bad[i].names))
+            fail_msg("case %zu: %s (%s)", i, mw_strerror(mw_future_error(f)),
+                     mw_future_message(f));
+        mw_future_unref(f);
+    }
+    unsigned good[][2] = {{4096, 1}, {256u << 20, 1024}, {8192, 4}};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        mw_comm_opts_t o;
+        mw_comm_opts_init(&o);
+        o.slot_size = good[i][0];
+        o.slots = good[i][1];
+        mw_future_t *f = mw_comm_create(ctx, 0, 1, peer, &o);
+        assert_int_equal(mw_wait(f), 0);
+        mw_comm_t *comm = mw_future_value(f);
+        mw_future_unref(f);
+        double x[5] = {1, 2, 3, 4, 5};
+        f = mw_allreduce(comm, x, x, 5, MW_F64, MW_SUM);   /* one rank: itself */
+        assert_int_equal(mw_wait(f), 0);
+        assert_true(x[4] == 5.0);
+        mw_future_unref(f);
+        mw_comm_free(comm);
+    }
+    mw_ctx_free(ctx);
+}
+
 /* mw_block_of: the split reduce_scatter uses, and its refusals. */
 static void block_of(void **state)
 {
@@ -191,6 +244,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(null_handles),
         cmocka_unit_test(bad_values),
+        cmocka_unit_test(comm_options_checked),
         cmocka_unit_test(block_of),
         cmocka_unit_test(names_and_errors),
     };
