@@ -180,6 +180,14 @@ MW_EXTERN int mw_ctx_progress(mw_ctx_t *ctx);
  * operation started from another thread is refused: every function that
  * returns a future returns NULL (errno EPERM) and logs an error.
  * Join the threads that use them before mw_ctx_free().
+ *
+ * fork().  A process may fork (a worker pool, system()) while transfers
+ * run: on kernels that copy pinned pages into the child at fork (Linux
+ * 5.x and later; Debian 12's 6.1) the parent's registered memory stays the
+ * memory the device uses, and a child sees a copy it may use for anything
+ * but meshwire (a child cannot use its parent's contexts).  On older
+ * kernels the first mw_ctx_new() turns on libibverbs' fork support, and
+ * registered memory (mw_alloc, mw_reg) is then absent in children.
  */
 /** A function to run on the loop thread. */
 typedef void (*mw_task_fn)(mw_ctx_t *ctx, void *arg);

@@ -118,6 +118,7 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
     if ((rc = mw__loop_new(ctx)) < 0 || (rc = mw__ops_new(ctx)) < 0 ||
         (rc = mw__mem_new(ctx, NULL)) < 0)
         goto fail;
+    mw__fork_protect(ctx);        /* before anything is registered */
     mw__mem_reserve(ctx, MW__MEM_RESERVE_BYTES);
     *ctxp = ctx;
     return 0;

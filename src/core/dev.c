@@ -223,6 +223,28 @@ static void registered(struct mw__dev *dev, int err, void *arg)
     notify_ready(dev, err);
 }
 
+/* fork() and registered memory.  Kernels that copy pinned pages into a
+ * child at fork (rdma-core reports IBV_FORK_UNNEEDED; Debian 12's 6.1 does)
+ * leave the parent's registrations on the parent's pages: nothing to do.
+ * On older kernels the parent's next write to such a page after a fork
+ * would land in a copy the device never sees; libibverbs' fork support
+ * (MADV_DONTFORK on every registration) prevents that -- those pages are
+ * then absent in the child -- and must be on before the first
+ * registration in the process. */
+void mw__fork_protect(mw_ctx_t *ctx)
+{
+    if (ibv_is_fork_initialized() != IBV_FORK_DISABLED)
+        return;
+    int rc = ibv_fork_init();
+    if (rc)
+        MW_LOG(ctx, MW_LOG_WARN, "fork() is not safe with registered memory in this process: "
+               "ibv_fork_init: %s (memory was registered before the first context?)",
+               mw_strerror(-rc));
+    else
+        MW_LOG(ctx, MW_LOG_INFO, "libibverbs fork support on: registered memory is "
+               "absent in forked children");
+}
+
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
 {
     if (!ctx || !verbs || !devp)

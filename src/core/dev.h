@@ -35,6 +35,10 @@ struct mw__dev {
 uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max);
 void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 
+/* mw__fork_protect() - make fork() safe for registered memory, once per
+ * process, before anything is registered (see dev.c). */
+void mw__fork_protect(mw_ctx_t *ctx);
+
 /* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
  * registering all existing memory with the new PD) on first use.  Much
  * memory is registered off the loop: the device is returned with ready

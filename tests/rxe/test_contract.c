@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -446,6 +447,71 @@ static void much_memory_registers_off_the_loop(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- fork() while transfers run ------------------------------------------ */
+
+static void fill(uint8_t *b, size_t len, unsigned seed)
+{
+    for (size_t i = 0; i < len; i++)
+        b[i] = (uint8_t)(i * 131 + seed * 7 + (i >> 12));
+}
+
+static void write_now(struct pair *p, const uint8_t *src, size_t len, const mw_remote_t *r)
+{
+    mw_future_t *w = mw_write(p->a, src, len, r, 0);
+    int rc = mw_wait(w);
+    if (rc)
+        fail_msg("write: %s", mw_future_message(w));
+    mw_future_unref(w);
+}
+
+/* A child forked while a write runs scribbles over its copy of both
+ * buffers and exits: the parent's write is exact, and so is one made after
+ * the parent rewrote its source (the device reads the parent's pages, not
+ * a copy left behind by copy-on-write). */
+static void fork_leaves_the_parent_its_registered_memory(void **state)
+{
+    (void)state;
+    enum ibv_fork_status fs = ibv_is_fork_initialized();
+    printf("ibv_is_fork_initialized: %s\n", fs == IBV_FORK_UNNEEDED ? "unneeded (copy on fork)"
+                                            : fs == IBV_FORK_ENABLED ? "enabled" : "disabled");
+    struct pair p;
+    pair_open(&p, NULL);
+    size_t len = 8u << 20;
+    uint8_t *src = mw_alloc(p.ctx, len), *dst = mw_alloc(p.ctx, len), *want = malloc(len);
+    assert_non_null(src);
+    assert_non_null(dst);
+    fill(src, len, 1);
+    memcpy(want, src, len);
+    memset(dst, 0, len);
+    mw_remote_t r;
+    assert_int_equal(mw_mem_export(p.b, dst, len, &r), 0);
+    mw_future_t *w = mw_write(p.a, src, len, &r, 0);
+    loop_for(p.ctx, 1);                        /* under way */
+    pid_t child = fork();
+    if (child == 0) {
+        if (fs == IBV_FORK_UNNEEDED) {         /* else absent here (MADV_DONTFORK) */
+            memset(src, 0xee, len);
+            memset(dst, 0xee, len);
+        }
+        _exit(0);
+    }
+    assert_int_equal(mw_wait(w), 0);
+    mw_future_unref(w);
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_memory_equal(src, want, len);
+    assert_memory_equal(dst, want, len);
+
+    fill(src, len, 2);                         /* the parent's pages, after the fork */
+    write_now(&p, src, len, &r);
+    assert_memory_equal(dst, src, len);
+    free(want);
+    mw_free(p.ctx, src);
+    mw_free(p.ctx, dst);
+    pair_close(&p);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -461,6 +527,7 @@ int main(void)
         cmocka_unit_test(connect_deadline_tears_it_down),
         cmocka_unit_test(comm_create_deadline_frees_its_port),
         cmocka_unit_test(much_memory_registers_off_the_loop),
+        cmocka_unit_test(fork_leaves_the_parent_its_registered_memory),
         cmocka_unit_test(port_down_fails_its_connections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
