@@ -3,8 +3,8 @@
  * arrived chunk is written to the output and hashed, and on a relay also
  * written on from the same slot into the next receiver's ring; a slot is
  * credited back to the sender once both are done with it.  A file is
- * written under a hidden partial name and renamed only after its checksum
- * matched the sender's (and the rest of the chain's did too). */
+ * written to a hidden temporary of its own and renamed only after its
+ * checksum matched the sender's (and the rest of the chain's did too). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -33,7 +33,10 @@ struct receiver {
     bool receiving;
     int fd;                       /* output; -1 none */
     bool to_stdout;
-    char final[PATH_MAX], part[PATH_MAX];
+    char final[PATH_MAX];         /* the name the user sees */
+    int dirfd;                    /* final's directory; -1 none */
+    char base[MC_NAME_MAX + 1];   /* final's name in dirfd */
+    char part[MC_NAME_MAX + 1];   /* the temporary in dirfd; "" none */
     uint64_t file_first, bytes;   /* its first chunk; its bytes so far */
     struct mc_sum sum;
     int write_err;
@@ -166,6 +169,31 @@ static int choose_output(struct receiver *x, const struct mc_msg *m, char *err, 
     return 0;
 }
 
+/* Open x->final's directory; x->base is its name there. */
+static int open_dir(struct receiver *x, char *err, size_t cap)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", x->final);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    if (!*base || strlen(base) > MC_NAME_MAX) {
+        snprintf(err, cap, "%.400s: %s", x->final, *base ? "name too long" : "no file name");
+        return *base ? -ENAMETOOLONG : -EINVAL;
+    }
+    snprintf(x->base, sizeof x->base, "%s", base);
+    if (slash)
+        slash[1] = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    x->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (x->dirfd < 0) {
+        int rc = -errno;
+        snprintf(err, cap, "%.400s: %s", dir, strerror(errno));
+        return rc;
+    }
+    return 0;
+}
+
 static int open_output(struct receiver *x, const struct mc_msg *m, char *err, size_t cap)
 {
     int rc = choose_output(x, m, err, cap);
@@ -173,61 +201,56 @@ static int open_output(struct receiver *x, const struct mc_msg *m, char *err, si
         x->fd = rc ? -1 : STDOUT_FILENO;
         return rc;
     }
-    if (!x->s.a->force && access(x->final, F_OK) == 0) {
+    if ((rc = open_dir(x, err, cap)))
+        return rc;
+    /* early, to spare a transfer bound to fail; publish() is what makes sure */
+    struct stat st;
+    if (!x->s.a->force && fstatat(x->dirfd, x->base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         snprintf(err, cap, "%.400s exists (the receiver may pass -f to overwrite)", x->final);
         return -EEXIST;
     }
-    char dir[PATH_MAX], base[MC_NAME_MAX + 1], part[MC_NAME_MAX + 1];
-    snprintf(dir, sizeof dir, "%s", x->final);
-    char *slash = strrchr(dir, '/');
-    snprintf(base, sizeof base, "%.255s", slash ? slash + 1 : dir);
-    if (slash)
-        slash[1] = 0;
-    else
-        dir[0] = 0;
-    if (mc_partial_name(base, part, sizeof part)) {
-        snprintf(err, cap, "%.200s: name too long", x->final);
-        return -ENAMETOOLONG;
-    }
-    snprintf(x->part, sizeof x->part, "%s%s", dir, part);
     mode_t mode = m->b & 0777 ? (mode_t)(m->b & 0777) : 0644;
-    x->fd = open(x->part, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    x->fd = mc_part_open(x->dirfd, x->base, mode, x->part, sizeof x->part);
     if (x->fd < 0) {
-        rc = -errno;
-        snprintf(err, cap, "%.400s: %s", x->part, strerror(errno));
+        rc = x->fd;
+        x->fd = -1;
+        snprintf(err, cap, "%.400s: cannot create a temporary file beside it: %s", x->final,
+                 strerror(-rc));
     }
     return rc;
 }
 
+/* Close the output; a temporary is removed. */
 static void discard_output(struct receiver *x)
 {
-    if (x->fd > STDOUT_FILENO) {
+    if (x->fd >= 0 && !x->to_stdout)
         close(x->fd);
-        unlink(x->part);
-    }
-    x->fd = -1;
+    if (x->part[0])
+        unlinkat(x->dirfd, x->part, 0);
+    if (x->dirfd >= 0)
+        close(x->dirfd);
+    x->fd = x->dirfd = -1;
+    x->part[0] = 0;
 }
 
 /* Verified: make it visible under its final name (never over an existing
- * file unless -f). */
+ * file unless -f, even one that appeared since open_output() looked). */
 static int publish(struct receiver *x, char *err, size_t cap)
 {
     if (x->to_stdout) {
         x->fd = -1;
         return 0;
     }
-    int rc = fdatasync(x->fd) < 0 ? -errno : 0;
-    if (close(x->fd) < 0 && !rc)
-        rc = -errno;
+    int rc = mc_part_publish(x->dirfd, x->fd, x->part, x->base, x->s.a->force);
     x->fd = -1;
-    if (!rc && !x->s.a->force && access(x->final, F_OK) == 0)
-        rc = -EEXIST;
-    if (!rc && rename(x->part, x->final) < 0)
-        rc = -errno;
-    if (rc) {
+    x->part[0] = 0;               /* gone: renamed, or removed on failure */
+    discard_output(x);
+    if (rc == -EEXIST && !x->s.a->force)
+        snprintf(err, cap,
+                 "%.400s exists (it appeared during the transfer; the receiver may pass -f to "
+                 "overwrite)", x->final);
+    else if (rc)
         snprintf(err, cap, "%.400s: %s", x->final, strerror(-rc));
-        unlink(x->part);
-    }
     return rc;
 }
 
@@ -403,7 +426,7 @@ static void summary(struct receiver *x)
 
 int mc_recv_main(const struct mc_args *a)
 {
-    struct receiver x = {.fd = -1};
+    struct receiver x = {.fd = -1, .dirfd = -1};
     if (mc_session_init(&x.s, a, react, &x) < 0) {
         fprintf(stderr, "meshcat: cannot set up: %s\n", strerror(errno));
         mc_session_free(&x.s);

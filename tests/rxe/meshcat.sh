@@ -2,8 +2,9 @@
 # meshcat end to end on one node, from one rxe device to the other: sizes
 # 0 B .. 100 MB byte-identical (sha256; the demo sends 300 MB), several
 # files at once,
-# stdin -> stdout, names sanitised, no overwrite without -f, a refused
-# connection, and a sender or receiver killed mid-transfer.
+# stdin -> stdout, names sanitised, no overwrite without -f, two receivers
+# into one directory at once, a refused connection, and a sender or receiver
+# killed mid-transfer.
 #   meshcat.sh MESHCAT      (run by meson in the rxe suite)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
@@ -82,6 +83,47 @@ if ((s == 0 && r == 0)) && cmp -s src/one.txt out/one.txt; then ok "-f overwrite
 else bad "-f: send $s recv $r: $(cat send.err recv.err)"; fi
 next_port
 
+# parts DIR: the receivers' temporaries in DIR
+parts() { compgen -G "$1/.*.meshcat-part.*"; }
+
+# two receivers into one directory at once, each with its own sender; the
+# files are large enough for both transfers to overlap
+mkdir -p out/shared src/a src/b
+head -c 30000000 /dev/urandom >src/a/same; head -c 30000000 /dev/urandom >src/b/same
+cp src/a/same src/a/one-of-two; cp src/b/same src/b/two-of-two
+# both DIR_A_FILE DIR_B_FILE: both transfers at once; sets s1 r1 s2 r2 and
+# overlap (1 when both temporaries were seen at the same time)
+both() {
+    local p2=$((port + 1)) i
+    "$MC" -q -t 20 -l "$dst:$port" -o out/shared 2>recv1.err & local r1p=$!
+    "$MC" -q -t 20 -l "$dst:$p2" -o out/shared 2>recv2.err & local r2p=$!
+    "$MC" -q -t 20 "$dst:$port" "$1" 2>send1.err & local s1p=$!
+    "$MC" -q -t 20 "$dst:$p2" "$2" 2>send2.err & local s2p=$!
+    overlap=0
+    for ((i = 0; i < 500; i++)); do
+        (($(parts out/shared | wc -l) == 2)) && { overlap=1; break; }
+        kill -0 $s1p 2>/dev/null || kill -0 $s2p 2>/dev/null || break
+        sleep 0.01
+    done
+    wait $s1p; s1=$?; wait $r1p; r1=$?; wait $s2p; s2=$?; wait $r2p; r2=$?
+    port=$((port + 2))
+}
+both src/a/one-of-two src/b/two-of-two
+if ((s1 == 0 && r1 == 0 && s2 == 0 && r2 == 0)) && cmp -s src/a/one-of-two out/shared/one-of-two &&
+    cmp -s src/b/two-of-two out/shared/two-of-two && ! parts out/shared >/dev/null; then
+    ok "two receivers, two files, one directory (overlapped: $overlap)"
+else bad "two receivers, two files: send $s1/$s2 recv $r1/$r2: $(ls -a out/shared) $(cat send?.err recv?.err)"; fi
+# the same name from both: exactly one wins, whole; the other fails saying so
+both src/a/same src/b/same
+if ((s1 == 0 && r1 == 0 && s2 == 1 && r2 == 1)); then win=a lose=2
+elif ((s1 == 1 && r1 == 1 && s2 == 0 && r2 == 0)); then win=b lose=1
+else win=; fi
+if [[ -n $win ]] && cmp -s src/$win/same out/shared/same && grep -q "same exists" send$lose.err &&
+    ! parts out/shared >/dev/null; then
+    ok "two receivers, one name: $win won (overlapped: $overlap), the other: $(cat send$lose.err)"
+else bad "two receivers, one name: send $s1/$s2 recv $r1/$r2: $(ls -a out/shared) $(cat send?.err recv?.err)"; fi
+rm -rf out/shared src/a src/b
+
 "$MC" -q -t 1 "$dst:$port" src/one 2>send.err; s=$?
 if ((s == 1)) && grep -q "refused" send.err; then ok "nobody listening: $(cat send.err)"
 else bad "refused: send $s: $(cat send.err)"; fi
@@ -90,9 +132,10 @@ else bad "refused: send $s: $(cat send.err)"; fi
 
 # mid_transfer: wait until the receiver's partial file has 1 MB in it
 mid_transfer() {
-    local i
+    local i f
     for ((i = 0; i < 400; i++)); do
-        (($(stat -c %s out/.big.meshcat-part 2>/dev/null || echo 0) > 1000000)) && return 0
+        f=$(parts out | head -1)
+        [[ -n $f ]] && (($(stat -c %s "$f" 2>/dev/null || echo 0) > 1000000)) && return 0
         sleep 0.02
     done
     return 1
@@ -107,10 +150,10 @@ recv -o out; "$MC" -q -t 20 "$dst:$port" src/big 2>send.err & spid=$!
 mid_transfer || bad "sender killed: the transfer never got going"
 kill -9 $spid; wait $spid 2>/dev/null
 wait $rpid; r=$?
-if ((r == 1)) && [[ ! -e out/big && ! -e out/.big.meshcat-part ]]; then
+if ((r == 1)) && [[ ! -e out/big ]] && ! parts out >/dev/null; then
     ok "sender killed: receiver exit $r, no out/big, partial removed ($(cat recv.err))"
 else bad "sender killed: receiver exit $r, $(ls out)"; fi
-rm -f out/.big.meshcat-part; next_port
+rm -f out/.big.meshcat-part.*; next_port
 
 # killed receiver: the sender exits 1 with a message
 recv -o out; "$MC" -q -t 5 "$dst:$port" src/big 2>send.err & spid=$!

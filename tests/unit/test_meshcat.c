@@ -1,6 +1,9 @@
-/* meshcat's pure modules: command line (cli.c), receiver file names
- * (names.c), progress and summary formatting (progress.c). */
+/* meshcat's pure modules: command line (cli.c), receiver file names and
+ * the temporaries files are received into (names.c), progress and summary
+ * formatting (progress.c). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>  /* cmocka.h needs it */
@@ -9,6 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "cli.h"
@@ -638,6 +645,253 @@ static void test_partial_name(void **state)
 }
 
 /* ------------------------------------------------------------------------
+ * Temporaries and publishing (mc_part_open, mc_part_publish)
+ * ------------------------------------------------------------------------ */
+
+/* names.c's calls land here (this executable defines them): a test can make
+ * the random suffix constant, or have RENAME_NOREPLACE refused as some file
+ * systems do. */
+static bool fixed_random, noreplace_einval;
+static int noreplace_refused;     /* times the flag was refused */
+
+ssize_t getrandom(void *buf, size_t len, unsigned int flags)
+{
+    if (fixed_random) {
+        memset(buf, 0x5a, len);
+        return (ssize_t)len;
+    }
+    return syscall(SYS_getrandom, buf, len, flags);
+}
+
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath,
+              unsigned int flags)
+{
+    if (noreplace_einval && (flags & RENAME_NOREPLACE)) {
+        noreplace_refused++;
+        errno = EINVAL;
+        return -1;
+    }
+    return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+struct tdir {
+    char path[64];
+    int fd;
+};
+
+static void tdir_make(struct tdir *d)
+{
+    snprintf(d->path, sizeof d->path, "/tmp/meshcat-unit.XXXXXX");
+    assert_non_null(mkdtemp(d->path));
+    d->fd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(d->fd >= 0);
+}
+
+/* Entries in @d (not . and ..); the first one's name into @first. */
+static int tdir_count(struct tdir *d, char *first, size_t cap)
+{
+    DIR *dir = opendir(d->path);
+    struct dirent *e;
+    int n = 0;
+
+    assert_non_null(dir);
+    while ((e = readdir(dir)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && n++ == 0 && first)
+            snprintf(first, cap, "%s", e->d_name);
+    closedir(dir);
+    return n;
+}
+
+static void tdir_remove(struct tdir *d)
+{
+    DIR *dir = opendir(d->path);
+    struct dirent *e;
+
+    assert_non_null(dir);
+    while ((e = readdir(dir)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            assert_int_equal(unlinkat(d->fd, e->d_name, 0), 0);
+    closedir(dir);
+    close(d->fd);
+    assert_int_equal(rmdir(d->path), 0);
+}
+
+static void put(int dirfd, const char *name, const char *text)
+{
+    int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static void content_is(int dirfd, const char *name, const char *want)
+{
+    char buf[256];
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    assert_true(n >= 0);
+    buf[n] = '\0';
+    assert_string_equal(buf, want);
+}
+
+/* A temporary for @final holding @text; its name into @part. */
+static int temp_with(struct tdir *d, const char *final, const char *text, char *part)
+{
+    int fd = mc_part_open(d->fd, final, 0644, part, MC_NAME_MAX + 1);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    return fd;
+}
+
+static void test_part_open(void **state)
+{
+    enum { N = 200 };
+    static char parts[N][MC_NAME_MAX + 1];
+    int fds[N];
+    struct stat st[N];
+    struct tdir d;
+    char part[MC_NAME_MAX + 1], name[MC_NAME_MAX + 1];
+    (void)state;
+
+    tdir_make(&d);
+    /* many temporaries for one name in one directory: all distinct files */
+    for (int i = 0; i < N; i++) {
+        fds[i] = mc_part_open(d.fd, "x.bin", 0644, parts[i], sizeof parts[i]);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(strlen(parts[i]), strlen(".x.bin.meshcat-part.") + 6);
+        assert_memory_equal(parts[i], ".x.bin.meshcat-part.", strlen(".x.bin.meshcat-part."));
+        assert_int_equal(fstat(fds[i], &st[i]), 0);
+        for (int j = 0; j < i; j++) {
+            assert_string_not_equal(parts[i], parts[j]);
+            assert_true(st[i].st_ino != st[j].st_ino);
+        }
+    }
+    assert_int_equal(tdir_count(&d, NULL, 0), N);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    tdir_remove(&d);
+
+    /* the mode, under the umask */
+    tdir_make(&d);
+    mode_t old = umask(022);
+    int fd = mc_part_open(d.fd, "m", 0664, part, sizeof part);
+    umask(old);
+    assert_true(fd >= 0);
+    assert_int_equal(fstat(fd, &st[0]), 0);
+    assert_int_equal(st[0].st_mode & 0777, 0644);
+    close(fd);
+
+    /* the longest name still gets one, cut short */
+    memset(name, 'n', MC_NAME_MAX);
+    name[MC_NAME_MAX] = '\0';
+    fd = mc_part_open(d.fd, name, 0644, part, sizeof part);
+    assert_true(fd >= 0);
+    assert_true(strlen(part) <= MC_NAME_MAX);
+    assert_memory_equal(part, ".nnn", 4);
+    assert_non_null(strstr(part, ".meshcat-part."));
+    close(fd);
+    assert_int_equal(tdir_count(&d, NULL, 0), 2);
+
+    assert_int_equal(mc_part_open(d.fd, "", 0644, part, sizeof part), -EINVAL);
+    assert_string_equal(part, "");
+    assert_int_equal(mc_part_open(d.fd, NULL, 0644, part, sizeof part), -EINVAL);
+    assert_int_equal(mc_part_open(d.fd, "a/b", 0644, part, sizeof part), -EINVAL);
+    assert_int_equal(mc_part_open(d.fd, "ab", 0644, part, 16), -ENAMETOOLONG);
+    assert_int_equal(mc_part_open(-1, "ab", 0644, part, sizeof part), -EBADF);
+    assert_string_equal(part, "");
+    assert_int_equal(tdir_count(&d, NULL, 0), 2);
+    tdir_remove(&d);
+}
+
+/* A name already taken is retried with another suffix, not truncated. */
+static void test_part_open_taken(void **state)
+{
+    struct tdir d, e;
+    char a[MC_NAME_MAX + 1], b[MC_NAME_MAX + 1], c[MC_NAME_MAX + 1];
+    (void)state;
+
+    tdir_make(&d);
+    tdir_make(&e);
+    fixed_random = true;          /* every call draws the same suffix first */
+    int fa = temp_with(&d, "x", "first", a);
+    int fb = temp_with(&d, "x", "second", b);
+    int fc = temp_with(&e, "x", "elsewhere", c);
+    fixed_random = false;
+    assert_string_equal(a, c);    /* the suffix was the fixed one */
+    assert_string_not_equal(a, b);
+    close(fa);
+    close(fb);
+    close(fc);
+    content_is(d.fd, a, "first");
+    content_is(d.fd, b, "second");
+    tdir_remove(&d);
+    tdir_remove(&e);
+}
+
+static void publish_cases(void)
+{
+    struct tdir d;
+    char part[MC_NAME_MAX + 1], first[MC_NAME_MAX + 1];
+
+    /* published: the content under the final name, nothing else */
+    tdir_make(&d);
+    int fd = temp_with(&d, "x", "new", part);
+    assert_int_equal(mc_part_publish(d.fd, fd, part, "x", false), 0);
+    content_is(d.fd, "x", "new");
+    assert_int_equal(tdir_count(&d, first, sizeof first), 1);
+    assert_string_equal(first, "x");
+
+    /* a file created at the final name after the receiver checked: kept,
+     * and the temporary is gone */
+    fd = temp_with(&d, "y", "new", part);
+    put(d.fd, "y", "old");
+    assert_int_equal(mc_part_publish(d.fd, fd, part, "y", false), -EEXIST);
+    content_is(d.fd, "y", "old");
+    assert_int_equal(faccessat(d.fd, part, F_OK, 0), -1);
+    assert_int_equal(tdir_count(&d, NULL, 0), 2);
+
+    /* a dangling symlink counts as a file there */
+    fd = temp_with(&d, "z", "new", part);
+    assert_int_equal(symlinkat("nowhere", d.fd, "z"), 0);
+    assert_int_equal(mc_part_publish(d.fd, fd, part, "z", false), -EEXIST);
+    assert_int_equal(faccessat(d.fd, part, F_OK, 0), -1);
+    assert_int_equal(faccessat(d.fd, "nowhere", F_OK, 0), -1);
+    assert_int_equal(tdir_count(&d, NULL, 0), 3);
+
+    /* -f replaces */
+    fd = temp_with(&d, "y", "newer", part);
+    assert_int_equal(mc_part_publish(d.fd, fd, part, "y", true), 0);
+    content_is(d.fd, "y", "newer");
+    assert_int_equal(tdir_count(&d, NULL, 0), 3);
+
+    /* a failure before the rename (a bad descriptor): the temporary goes */
+    fd = temp_with(&d, "w", "new", part);
+    close(fd);
+    assert_int_equal(mc_part_publish(d.fd, fd, part, "w", false), -EBADF);
+    assert_int_equal(faccessat(d.fd, "w", F_OK, 0), -1);
+    assert_int_equal(tdir_count(&d, NULL, 0), 3);
+    tdir_remove(&d);
+}
+
+static void test_part_publish(void **state)
+{
+    (void)state;
+    publish_cases();
+}
+
+/* The same where the file system refuses RENAME_NOREPLACE: link + unlink. */
+static void test_part_publish_no_noreplace(void **state)
+{
+    (void)state;
+    noreplace_einval = true;
+    publish_cases();
+    noreplace_einval = false;
+    assert_int_equal(noreplace_refused, 3);   /* every publish without -f */
+}
+
+/* ------------------------------------------------------------------------
  * Bytes and durations
  * ------------------------------------------------------------------------ */
 
@@ -1002,6 +1256,10 @@ int main(void)
         cmocka_unit_test(test_safe_name),
         cmocka_unit_test(test_safe_name_lengths),
         cmocka_unit_test(test_partial_name),
+        cmocka_unit_test(test_part_open),
+        cmocka_unit_test(test_part_open_taken),
+        cmocka_unit_test(test_part_publish),
+        cmocka_unit_test(test_part_publish_no_noreplace),
         cmocka_unit_test(test_fmt_bytes),
         cmocka_unit_test(test_fmt_duration),
         cmocka_unit_test(test_rate_constant),
