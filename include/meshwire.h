@@ -440,6 +440,27 @@ typedef struct mw_conn_opts {
                                    not read its messages) fails -ETIMEDOUT,
                                    within keepalive_ms more; default 60000,
                                    UINT_MAX: wait for ever */
+    uint64_t max_msg_size;    /**< the largest message the peer may send here
+                                   (announced in the handshake): a larger one
+                                   fails the connection -EMSGSIZE; mw_send of
+                                   more than the peer's own limit fails
+                                   -EMSGSIZE at once.  Default 256 MiB,
+                                   1..2^40 */
+    uint64_t max_inbox_bytes; /**< bytes of received messages kept for
+                                   mw_recv (not yet asked for); beyond, no
+                                   receive slot is given back and the peer
+                                   waits, as with credits.  What a
+                                   connection holds is at most this, plus
+                                   what credits already allowed in
+                                   (credits x slot_size), plus one message
+                                   being received.  Default 1 GiB, >= 1 */
+    unsigned max_accepting;   /**< listeners: connections being set up at
+                                   once (each holds a queue pair and its
+                                   slots until established, failed or
+                                   timeout_ms); a request beyond is refused
+                                   at once ("busy": the client may retry)
+                                   and counted as rejected.  Default 64,
+                                   1..65536 */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */
@@ -465,7 +486,8 @@ MW_EXTERN int mw_listener_port(const mw_listener_t *l);
 /** Counters of a listener. */
 typedef struct mw_listener_stats {
     uint64_t accepted;        /**< connections established and handed over */
-    uint64_t rejected;        /**< handshakes refused (any reason) */
+    uint64_t rejected;        /**< handshakes refused (any reason, also
+                                   max_accepting reached) */
     uint64_t failed;          /**< accepted handshakes whose setup then failed */
 } mw_listener_stats_t;
 MW_EXTERN int mw_listener_stats(const mw_listener_t *l, mw_listener_stats_t *out);
@@ -579,6 +601,8 @@ typedef struct mw_conn_stats {
     uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received;
     uint64_t writes, reads, imms_received, rdma_bytes;
     uint64_t credit_waits;    /**< times a send waited for the peer's credits */
+    uint64_t inbox_bytes;     /**< received messages not yet asked for */
+    uint64_t peer_max_msg;    /**< the largest message the peer accepts */
 } mw_conn_stats_t;
 MW_EXTERN int mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 

@@ -45,6 +45,9 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
         .chunk_size = 1 << 20,
         .default_port = MW_DEFAULT_PORT,
         .send_timeout_ms = 60000,
+        .max_msg_size = 256u << 20,
+        .max_inbox_bytes = 1u << 30,
+        .max_accepting = 64,
     };
 }
 
@@ -52,7 +55,9 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
 {
     if (o->credits < 2 || o->credits > 4096 || o->slot_size < 256 ||
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
-        o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1)
+        o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
+        o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
+        o->max_accepting < 1 || o->max_accepting > 65536)
         return -EINVAL;
     return 0;
 }
@@ -207,6 +212,7 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct 
         .purpose = MW__PURPOSE_P2P,
         .credits = c->opts.credits,
         .slot_size = c->opts.slot_size,
+        .max_msg = c->opts.max_msg_size,
     };
     int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
     *p = (struct rdma_conn_param){
@@ -227,6 +233,7 @@ int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, con
     c->send_credits = c->nsend;
     unsigned slot = c->peer.slot_size < c->opts.slot_size ? c->peer.slot_size : c->opts.slot_size;
     c->max_frag = slot - MW__FRAG_HDR_LEN;
+    c->stats.peer_max_msg = c->peer.max_msg;
     return 0;
 }
 
@@ -318,7 +325,7 @@ void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
         vsnprintf(c->why, sizeof c->why, fmt, ap);
         va_end(ap);
         c->err = err;
-        if (err == -EPROTO)
+        if (err == -EPROTO || err == -EMSGSIZE)   /* the peer broke the protocol */
             c->ctx->stats.protocol_errors++;
         /* a peer closing, our own abort or teardown, or a connect that
          * failed (its future tells the caller) is an ordinary end */

@@ -186,8 +186,29 @@ void mw__accept_device_ready(struct mw__conn *c, int err)
         refuse(c, rc, why);
 }
 
+/* Connections of @l being set up: each holds a queue pair and its receive
+ * slots until established, failed or timed out (timeout_ms).  At
+ * max_accepting a new request is refused at once, which costs next to
+ * nothing: a flood of requests that never complete (half-open) holds a
+ * bounded amount, and is turned away cheaply. */
+static bool room_for_one_more(const struct mw__listener *l)
+{
+    struct mw__cm *cm = l->ctx->layers[MW__LAYER_CM].state;
+    unsigned n = 0;
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link)
+        n += c->listener == l && !c->err;
+    return n < l->opts.max_accepting;
+}
+
 static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
 {
+    if (!room_for_one_more(l)) {
+        l->stats.rejected++;      /* not logged: a flood would flood the log */
+        rdma_reject(ev->id, MW__REJECT_TAG "busy", sizeof MW__REJECT_TAG "busy");
+        mw__cm_destroy_id_later(l->ctx, ev->id);
+        return;
+    }
     struct mw__conn *c;
     const char *why = "out of memory";
     int rc = mw__conn_new(l->ctx, MW__SIDE_PASSIVE, &l->opts, &c);

@@ -84,6 +84,7 @@ void mw__msg_free_buffers(struct mw__conn *c)
         free(q);
     }
     c->inbox_len = 0;
+    c->stats.inbox_bytes = 0;
     /* a close that finished with receives waiting */
     char why[128];
     snprintf(why, sizeof why, "%s: connection closed", c->stats.remote);
@@ -100,7 +101,8 @@ static void recycle_slot(struct mw__conn *c, unsigned i, bool control)
 {
     if (!mw__conn_usable(c))
         return;
-    if (!control && c->inbox_len >= c->opts.credits) {
+    if (!control && (c->inbox_len >= c->opts.credits ||
+                     c->stats.inbox_bytes >= c->opts.max_inbox_bytes)) {
         c->slots_parked++;
         return;
     }
@@ -159,6 +161,7 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
     q->msg = (mw_msg_t){data, len};
     mw__list_add_tail(&c->inbox, &q->link);
     c->inbox_len++;
+    c->stats.inbox_bytes += len;
 }
 
 /* Reassemble fragment @fr (payload @p) into the message in progress. */
@@ -167,7 +170,9 @@ static int take_data(struct mw__conn *c, const struct mw__frag *fr, const uint8_
     if (fr->flags & MW__FRAG_FIRST) {
         if (c->rx.active)
             return -EPROTO;
-        if (fr->total > SIZE_MAX || !(c->rx.buf = malloc(fr->total ? fr->total : 1)))
+        if (fr->total > c->opts.max_msg_size)
+            return -EMSGSIZE;     /* more than we announced: never allocated */
+        if (!(c->rx.buf = malloc(fr->total ? fr->total : 1)))
             return -ENOMEM;
         c->rx.active = true;
         c->rx.id = fr->msg_id;
@@ -215,9 +220,14 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *c
         return 0;
     }
     if (fr.type == MW__FRAG_DATA && (rc = take_data(c, &fr, buf + MW__FRAG_HDR_LEN)) < 0) {
-        mw__conn_fail(c, rc, rc == -ENOMEM ? "no memory for a %llu-byte message"
-                                           : "fragment out of sequence (message %llu)",
-                      (unsigned long long)(rc == -ENOMEM ? fr.total : fr.msg_id));
+        if (rc == -EMSGSIZE)
+            mw__conn_fail(c, rc, "the peer sent a %llu-byte message; max_msg_size is %llu",
+                          (unsigned long long)fr.total,
+                          (unsigned long long)c->opts.max_msg_size);
+        else
+            mw__conn_fail(c, rc, rc == -ENOMEM ? "no memory for a %llu-byte message"
+                                               : "fragment out of sequence (message %llu)",
+                          (unsigned long long)(rc == -ENOMEM ? fr.total : fr.msg_id));
         return rc;
     }
     return 0;
@@ -331,6 +341,7 @@ static void take_inbox(struct mw__conn *c, mw_future_t *f)
     struct mw__msgq *q = mw__list_first(&c->inbox, struct mw__msgq, link);
     mw__list_del(&q->link);
     c->inbox_len--;
+    c->stats.inbox_bytes -= q->msg.len;
     mw_msg_t *m = malloc(sizeof *m);
     if (m) {
         *m = q->msg;

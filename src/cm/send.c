@@ -170,6 +170,12 @@ mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
         mw_future_fail(f, rc < 0 ? rc : -EINVAL, "%s", rc < 0 ? c->why : "NULL buffer");
         return f;
     }
+    if (len > c->peer.max_msg) {
+        mw_future_fail(f, -EMSGSIZE, "a %zu-byte message: %s accepts at most %llu (its "
+                       "max_msg_size)", len, c->stats.remote,
+                       (unsigned long long)c->peer.max_msg);
+        return f;
+    }
     struct mw__send *s = calloc(1, sizeof *s);
     if (!s) {
         mw_future_fail(f, -ENOMEM, "no memory");

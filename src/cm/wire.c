@@ -70,6 +70,7 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
     put32(buf + 24, h->group);
     put32(buf + 28, h->rank);
     put32(buf + 32, h->nranks);
+    put64(buf + 36, h->max_msg);
     return MW__HELLO_LEN;
 }
 
@@ -85,6 +86,7 @@ static void hello_read(const uint8_t *p, struct mw__hello *h)
     h->group = get32(p + 24);
     h->rank = get32(p + 28);
     h->nranks = get32(p + 32);
+    h->max_msg = get64(p + 36);
 }
 
 /* Who the peer wants to be: a lone connection or a member of a group. */
@@ -122,6 +124,8 @@ static const char *hello_check(const struct mw__hello *h)
         return "credits out of range";
     if (h->slot_size < MW__SLOT_MIN || h->slot_size > MW__SLOT_MAX)
         return "slot size out of range";
+    if (h->max_msg < 1 || h->max_msg > MW__MSG_MAX)
+        return "max message size out of range";
     return purpose_check(h);
 }
 

@@ -21,13 +21,13 @@
  *     4   1  version          24   4  group
  *     5   1  purpose          28   4  rank
  *     6   2  flags            32   4  nranks
- *     8   4  credits
- *    12   4  slot_size        36      end
+ *     8   4  credits          36   8  max_msg
+ *    12   4  slot_size        44      end
  * ------------------------------------------------------------------------ */
 
 #define MW__HELLO_MAGIC 0x4d574952u /* "MWIR" */
-#define MW__HELLO_VERSION 2   /* 2: DISCARD fragments */
-#define MW__HELLO_LEN 36
+#define MW__HELLO_VERSION 3   /* 2: DISCARD fragments; 3: max_msg */
+#define MW__HELLO_LEN 44
 #define MW__PRIVATE_DATA_MAX 56 /* rdma_connect/rdma_accept on RC */
 
 enum { MW__PURPOSE_P2P = 1, MW__PURPOSE_COMM = 2 };
@@ -36,6 +36,7 @@ enum { MW__PURPOSE_P2P = 1, MW__PURPOSE_COMM = 2 };
 #define MW__CREDITS_MAX 65535u          /* fits a fragment's 16-bit field */
 #define MW__SLOT_MIN 64u                /* a header plus some payload */
 #define MW__SLOT_MAX (16u * 1024 * 1024)
+#define MW__MSG_MAX ((uint64_t)1 << 40)  /* the largest max_msg either side may set */
 
 struct mw__hello {
     uint32_t magic;     /* MW__HELLO_MAGIC */
@@ -51,6 +52,7 @@ struct mw__hello {
     uint32_t group;     /* COMM only: communicator id */
     uint32_t rank;      /* COMM only: rank < nranks */
     uint32_t nranks;    /* COMM only: >= 1.  P2P: group, rank, nranks are 0 */
+    uint64_t max_msg;   /* the largest message the sender accepts, 1..MW__MSG_MAX */
 };
 
 /**
@@ -70,6 +72,7 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap);
  * @why:  if not NULL, set to a static reason on refusal ("no private data",
  *        "truncated handshake", "wrong magic", "unsupported protocol version",
  *        "bad purpose", "credits out of range", "slot size out of range",
+ *        "max message size out of range",
  *        "rank out of range", "group or rank set for p2p",
  *        "non-zero bytes after handshake"), to NULL on success.
  * Return: 0, or -EPROTO.

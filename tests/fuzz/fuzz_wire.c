@@ -23,6 +23,7 @@ static void check_hello(const uint8_t *data, size_t len)
     assert(h.magic == MW__HELLO_MAGIC && h.version == MW__HELLO_VERSION);
     assert(h.credits >= MW__CREDITS_MIN && h.credits <= MW__CREDITS_MAX);
     assert(h.slot_size >= MW__SLOT_MIN && h.slot_size <= MW__SLOT_MAX);
+    assert(h.max_msg >= 1 && h.max_msg <= MW__MSG_MAX);
     if (h.purpose == MW__PURPOSE_COMM)
         assert(h.nranks >= 1 && h.rank < h.nranks);
     else

@@ -447,6 +447,67 @@ static void much_memory_registers_off_the_loop(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- what a peer can make us hold ----------------------------------------- */
+
+/* The receiver keeps at most max_inbox_bytes of messages nobody asked for
+ * (plus one arriving): 16 sends of 256 KiB against a 1 MiB limit leave the
+ * rest waiting at the sender; reading takes them all, in order, exact.  A
+ * message above the peer's max_msg_size fails at once, naming the limit,
+ * and the connection goes on. */
+static void inbox_bytes_and_message_size_are_bounded(void **state)
+{
+    (void)state;
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.max_inbox_bytes = 1u << 20;
+    o.max_msg_size = 512u << 10;
+    struct pair p;
+    pair_open(&p, &o);
+    enum { N = 16, LEN = 256 << 10 };
+    uint8_t *buf = malloc((size_t)N * LEN);
+    mw_future_t *s[N];
+    for (int i = 0; i < N; i++) {
+        memset(buf + (size_t)i * LEN, 'a' + i, LEN);
+        s[i] = mw_send(p.a, buf + (size_t)i * LEN, LEN);
+    }
+    loop_for(p.ctx, 1500);
+    mw_conn_stats_t st;
+    mw_conn_stats(p.b, &st);
+    int done = 0;
+    for (int i = 0; i < N; i++)
+        done += mw_future_state(s[i]) != MW_FUTURE_PENDING;
+    printf("16 x 256 KiB unread, max_inbox_bytes 1 MiB: %llu bytes held, %d sends done\n",
+           (unsigned long long)st.inbox_bytes, done);
+    fflush(stdout);
+    /* the limit, what 16 credits of 64 KiB had let in, one message */
+    assert_true(st.inbox_bytes <= (1u << 20) + 16 * (64u << 10) + LEN);
+    assert_true(done < N);                     /* the rest wait at the sender */
+    for (int i = 0; i < N; i++) {
+        mw_msg_t *m = recv_now(p.b);
+        assert_int_equal(m->len, LEN);
+        assert_memory_equal(m->data, buf + (size_t)i * LEN, LEN);
+        mw_msg_free(m);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(mw_wait(s[i]), 0);
+        mw_future_unref(s[i]);
+    }
+    mw_conn_stats(p.b, &st);
+    assert_int_equal(st.inbox_bytes, 0);
+
+    mw_conn_stats(p.a, &st);
+    assert_true(st.peer_max_msg == 512u << 10);
+    mw_future_t *big = mw_send(p.a, buf, (512u << 10) + 1);
+    assert_int_equal(mw_future_error(big), -EMSGSIZE);
+    printf("a message over the peer's limit: %s\n", mw_future_message(big));
+    assert_non_null(strstr(mw_future_message(big), "max_msg_size"));
+    mw_future_unref(big);
+    send_now(p.a, "still here", 11);
+    expect_msg(p.b, "still here");
+    free(buf);
+    pair_close(&p);
+}
+
 /* --- fork() while transfers run ------------------------------------------ */
 
 static void fill(uint8_t *b, size_t len, unsigned seed)
@@ -527,6 +588,7 @@ int main(void)
         cmocka_unit_test(connect_deadline_tears_it_down),
         cmocka_unit_test(comm_create_deadline_frees_its_port),
         cmocka_unit_test(much_memory_registers_off_the_loop),
+        cmocka_unit_test(inbox_bytes_and_message_size_are_bounded),
         cmocka_unit_test(fork_leaves_the_parent_its_registered_memory),
         cmocka_unit_test(port_down_fails_its_connections),
     };

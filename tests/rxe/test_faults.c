@@ -29,6 +29,7 @@
 #include <rdma/rdma_verbs.h>
 
 #include "meshwire.h"
+#include "cm/cm.h"
 #include "cm/wire.h"
 #include "core/handle.h"
 #include "rxe_util.h"
@@ -61,7 +62,8 @@ static int raw_server(const char *addr, const char *port, const char *kind)
         raise(SIGKILL);                   /* mid-handshake: the request unanswered */
     uint8_t pd[MW__HELLO_LEN];
     struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
+                          .max_msg = 1 << 20};
     mw__hello_encode(&h, pd, sizeof pd);
     if (!strcmp(kind, "foreign"))
         memcpy(pd, "HTTP", 4);
@@ -98,12 +100,47 @@ static int send_burst(struct rdma_cm_id *id, uint8_t *buf, size_t cap)
     return 0;
 }
 
+/* Kind "halfopen": @n connect requests that are never completed: the
+ * replies go to an event channel nobody reads, so no RTU is ever sent and
+ * each request leaves the server a connection being accepted. */
+static int half_open_flood(const char *addr, const char *port, int n)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
+    if (!ch || rdma_getaddrinfo(addr, port, &hints, &res))
+        return 2;
+    uint8_t pd[MW__HELLO_LEN];
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
+                          .max_msg = 1 << 20};
+    mw__hello_encode(&h, pd, sizeof pd);
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        if (i % 100 == 0)
+            fprintf(stderr, "half-open flood: %d sent after %.2f s\n", i, now_s() - t0);
+        struct rdma_cm_id *id;
+        struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
+                                     .retry_count = 7, .rnr_retry_count = 7,
+                                     .qp_num = 1000 + (uint32_t)i};
+        if (rdma_create_ep(&id, res, NULL, NULL) || rdma_migrate_id(id, ch) ||
+            rdma_connect(id, &cp)) {
+            perror("half-open flood");
+            return 3;
+        }
+    }
+    fprintf(stderr, "half-open flood: %d requests sent in %.2f s\n", n, now_s() - t0);
+    for (;;)
+        pause();
+}
+
 /* A client that passes the handshake, then sends one fragment made bad as
  * @kind says (or a good burst), and waits to be killed; kind "die" SIGKILLs
  * itself as soon as its connect request is on the wire.  A step that fails
  * says so on stderr and exits with a status the test reports. */
 static int raw_client(const char *addr, const char *port, const char *kind)
 {
+    if (!strcmp(kind, "halfopen"))
+        return half_open_flood(addr, port, 200);
     struct rdma_addrinfo hints = {.ai_port_space = RDMA_PS_TCP}, *res;
     struct rdma_cm_id *id;
     struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
@@ -115,7 +152,8 @@ static int raw_client(const char *addr, const char *port, const char *kind)
     }
     uint8_t pd[MW__HELLO_LEN];
     struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096};
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
+                          .max_msg = 1 << 20};
     mw__hello_encode(&h, pd, sizeof pd);
     struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
                                  .retry_count = 7, .rnr_retry_count = 7};
@@ -150,6 +188,8 @@ static int raw_client(const char *addr, const char *port, const char *kind)
         f = (struct mw__frag){.type = MW__FRAG_CREDIT, .credits = 1000};   /* never given */
     else if (!strcmp(kind, "sequence"))
         f.flags = MW__FRAG_LAST, f.offset = 0;    /* a last fragment with no first */
+    else if (!strcmp(kind, "huge"))           /* the first of a 1 TiB message */
+        f.flags = MW__FRAG_FIRST, f.total = (uint64_t)1 << 40;
     mw__frag_encode(&f, buf, sizeof buf);
     struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof buf);
     struct ibv_wc wc;
@@ -482,6 +522,115 @@ static void malformed_fragments_are_refused_and_counted(void **state)
     mw_ctx_free(ctx);
 }
 
+static long rss_kib(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    if (f)
+        fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* A peer announces a 1 TiB message: refused before anything is allocated,
+ * counted, the connection fails naming the limit, and the context goes on. */
+static void message_beyond_max_msg_size_is_refused(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_ctx_stats_t s0, s1;
+    mw_ctx_stats(ctx, &s0);
+    long rss0 = rss_kib();
+    struct raw_peer rp;
+    raw_peer_start(ctx, "huge", &rp);
+    mw_future_t *r = mw_recv(rp.c);
+    mw_future_set_timeout(r, 10000);
+    int rc = mw_wait(r);
+    printf("raw client, 1 TiB message announced: %s (%s); RSS %+ld KiB\n", mw_strerror(rc),
+           mw_future_message(r), rss_kib() - rss0);
+    assert_int_equal(rc, -EMSGSIZE);
+    assert_non_null(strstr(mw_future_message(r), "max_msg_size"));
+    assert_true(rss_kib() - rss0 < 64 * 1024);
+    mw_ctx_stats(ctx, &s1);
+    assert_int_equal(s1.protocol_errors, s0.protocol_errors + 1);
+    mw_future_unref(r);
+    raw_peer_stop(&rp);
+    context_still_serves(ctx);
+    mw_ctx_free(ctx);
+}
+
+static size_t conns_in(mw_ctx_t *ctx)
+{
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    size_t n = 0;
+    struct mw__conn *c;
+    if (cm)
+        mw__list_for_each(c, &cm->conns, link)
+            n++;
+    return n;
+}
+
+static void keep_count(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    ++*(int *)arg;
+    mw_conn_abort(c);
+}
+
+/* 200 connect requests that never complete (half-open), against a
+ * listener with max_accepting 8 and a 1 s handshake deadline: it holds at
+ * most 8 connections being set up (queue pairs, slots, memory), refuses the
+ * rest at once as "busy", counting them, and once the half-open ones have
+ * timed out a well-behaved client gets in. */
+static void half_open_flood_stays_bounded(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    char la[64], target[80];
+    snprintf(la, sizeof la, "%s:0", addrs[1]);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.max_accepting = 8;
+    o.timeout_ms = 1000;
+    mw_listener_t *l;
+    int accepted = 0;
+    assert_int_equal(mw_listen(ctx, la, &o, keep_count, &accepted, &l), 0);
+    snprintf(target, sizeof target, "%s:%d", addrs[1], mw_listener_port(l));
+    long rss0 = rss_kib(), rss_max = rss0;
+    size_t conns_max = 0;
+    pid_t flood = spawn_client("halfopen", mw_listener_port(l));
+    mw_listener_stats_t ls = {0};
+    double t0 = now_s();
+    while (now_s() - t0 < 20 && ls.rejected + ls.failed < 150) {
+        loop_for(ctx, 20);
+        size_t n = conns_in(ctx);
+        conns_max = n > conns_max ? n : conns_max;
+        rss_max = rss_kib() > rss_max ? rss_kib() : rss_max;
+        mw_listener_stats(l, &ls);
+    }
+    printf("half-open flood of 200, max_accepting 8: %llu refused as busy, %llu timed out, "
+           "at most %zu connections held, RSS %+ld KiB at most, after %.1f s\n",
+           (unsigned long long)ls.rejected, (unsigned long long)ls.failed, conns_max,
+           rss_max - rss0, now_s() - t0);
+    assert_true(ls.rejected + ls.failed >= 150);
+    assert_true(ls.rejected >= 100);
+    assert_true(conns_max <= 8);
+    loop_for(ctx, 1500);                      /* the last half-open ones time out */
+    mw_future_t *f = mw_connect(ctx, target, NULL);
+    if (mw_wait(f))
+        fail_msg("a good client after the flood: %s", mw_future_message(f));
+    mw_conn_abort(mw_future_value(f));
+    mw_future_unref(f);
+    loop_for(ctx, 50);
+    assert_int_equal(accepted, 1);
+    stop(flood);
+    mw_listener_free(l);
+    mw_ctx_free(ctx);
+}
+
 /* The context is freed while a communicator forms: rank 1 is retrying its
  * connect to a rank 0 that never comes.  The creation fails -ECANCELED,
  * the retry timer and everything else go with the context (the sanitized
@@ -543,6 +692,8 @@ int main(int argc, char **argv)
     rxe_require(2, addrs);
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
         return 1;
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(server_that_never_accepts),
         cmocka_unit_test(server_with_a_foreign_handshake),
@@ -550,6 +701,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_killed_during_connect),
         cmocka_unit_test(client_killed_during_connect),
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
+        cmocka_unit_test(message_beyond_max_msg_size_is_refused),
+        cmocka_unit_test(half_open_flood_stays_bounded),
         cmocka_unit_test(fragments_sent_at_once_arrive_whole),
         cmocka_unit_test(context_freed_while_a_communicator_forms),
     };

@@ -38,7 +38,7 @@ static struct mw__hello good_hello(void)
         .magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
         .purpose = MW__PURPOSE_COMM, .flags = 0, .credits = 128,
         .slot_size = 65536, .cookie = 0x0123456789abcdefULL,
-        .group = 7, .rank = 2, .nranks = 4,
+        .group = 7, .rank = 2, .nranks = 4, .max_msg = 0x0000000100000002ULL,
     };
     return h;
 }
@@ -56,6 +56,7 @@ static void assert_hello_eq(const struct mw__hello *a, const struct mw__hello *b
     assert_int_equal(a->group, b->group);
     assert_int_equal(a->rank, b->rank);
     assert_int_equal(a->nranks, b->nranks);
+    assert_true(a->max_msg == b->max_msg);
 }
 
 /* Decode @h after encoding it into exactly @len bytes (zero padded). */
@@ -84,7 +85,7 @@ static void hello_fits_private_data(void **state)
 {
     (void)state;
     assert_true(MW__HELLO_LEN <= 56);
-    assert_int_equal(MW__HELLO_LEN, 36);
+    assert_int_equal(MW__HELLO_LEN, 44);
 }
 
 static void hello_round_trip(void **state)
@@ -99,7 +100,7 @@ static void hello_round_trip(void **state)
     struct mw__hello p2p = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                             .purpose = MW__PURPOSE_P2P, .flags = 0xffff,
                             .credits = MW__CREDITS_MAX, .slot_size = MW__SLOT_MAX,
-                            .cookie = UINT64_MAX};
+                            .cookie = UINT64_MAX, .max_msg = MW__MSG_MAX};
     assert_int_equal(hello_rt(&p2p, MW__HELLO_LEN, &out, NULL), 0);
     assert_hello_eq(&p2p, &out);
 }
@@ -114,6 +115,7 @@ static void hello_layout_big_endian(void **state)
         'M', 'W', 'I', 'R', MW__HELLO_VERSION, 2, 0, 0, 0, 0, 0, 128, 0, 1, 0, 0,
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
         0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 4,
+        0, 0, 0, 1, 0, 0, 0, 2,
     };
     assert_int_equal(mw__hello_encode(&h, b, sizeof(b)), MW__HELLO_LEN);
     assert_memory_equal(b, want, sizeof(want));
@@ -126,6 +128,23 @@ static void hello_encode_nospace(void **state)
     uint8_t b[MW__HELLO_LEN];
     assert_int_equal(mw__hello_encode(&h, b, MW__HELLO_LEN - 1), -ENOSPC);
     assert_int_equal(mw__hello_encode(&h, b, 0), -ENOSPC);
+}
+
+/* The largest message a peer accepts: 1..2^40, nothing else. */
+static void hello_max_msg_range(void **state)
+{
+    (void)state;
+    struct mw__hello h = good_hello();
+    h.max_msg = 0;
+    expect_hello_refused(&h, "max message size out of range");
+    h.max_msg = MW__MSG_MAX + 1;
+    expect_hello_refused(&h, "max message size out of range");
+    h.max_msg = UINT64_MAX;
+    expect_hello_refused(&h, "max message size out of range");
+    struct mw__hello out;
+    h.max_msg = 1;
+    assert_int_equal(hello_rt(&h, MW__HELLO_LEN, &out, NULL), 0);
+    assert_true(out.max_msg == 1);
 }
 
 static void hello_no_private_data(void **state)
@@ -572,6 +591,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hello_fits_private_data),
         cmocka_unit_test(hello_round_trip),
+        cmocka_unit_test(hello_max_msg_range),
         cmocka_unit_test(hello_layout_big_endian),
         cmocka_unit_test(hello_encode_nospace),
         cmocka_unit_test(hello_no_private_data),
