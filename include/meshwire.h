@@ -644,6 +644,16 @@ typedef struct mw_comm_opts {
     unsigned slots;           /**< scratch slots per peer (chunks in flight);
                                    default 4, 1..1024 */
     mw_conn_opts_t conn;      /**< for the connections of the mesh */
+    const char *job;          /**< the job's identity, read during the call;
+                                   NULL: MW_JOB, else the launcher's job id
+                                   (SLURM_JOB_ID and SLURM_STEP_ID,
+                                   TORCHELASTIC_RUN_ID, PMIX_NAMESPACE,
+                                   OMPI_MCA_ess_base_jobid), else none.
+                                   Every rank must agree: a process of
+                                   another job reaching a rank's port (a
+                                   stale rank of an earlier run still
+                                   retrying) is refused, not taken for a
+                                   rank.  Default NULL */
 } mw_comm_opts_t;
 
 /** mw_comm_opts_init() - fill @opts with the defaults. */

@@ -20,11 +20,12 @@
 #include "core/future.h"
 #include "core/handle.h"
 
-#define HELLO_MAGIC 0x4d57434du   /* "MWCM" */
+#define HELLO_MAGIC 0x4d57434eu   /* "MWCN": with the job's identity */
 #define RETRY_MS 200
 
 struct hello {                    /* the first message each way */
     uint32_t magic, rank, nranks, slots, slot_size, algo;
+    uint64_t job;                 /* the job's identity: mw__comm_job_id() */
     mw_remote_t scratch;
 };
 
@@ -181,7 +182,7 @@ static int send_hello(struct mw__comm *comm, mw_conn_t *c, uint8_t *scratch)
     *m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
                         .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
                         .slot_size = comm->opts.slot_size,
-                        .algo = (uint32_t)comm->allreduce_algo};
+                        .algo = (uint32_t)comm->allreduce_algo, .job = comm->job};
     int rc = scratch ? mw_mem_export(c, scratch, scratch_bytes(comm), &m->scratch) : 0;
     mw_future_t *f = rc ? NULL : mw_send(c, m, sizeof *m);
     if (!f) {
@@ -203,6 +204,8 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
     *ours = false;
     if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
         return "not a communicator hello";
+    if (h->job != comm->job)      /* a stale rank of an earlier run, another job */
+        return "a rank of another job (MW_JOB or the launcher's job id differs)";
     if ((int)h->nranks != comm->nranks)
         return "nranks differs";
     if (expect_rank >= 0 ? (int)h->rank != expect_rank
@@ -518,6 +521,31 @@ static int allreduce_algo_from_env(int *algo)
     return *algo < 0 ? -EINVAL : 0;
 }
 
+/* The job a communicator belongs to: opts->job, else MW_JOB, else the
+ * launcher's job id (Slurm's job and step, torchrun's run id, PMIx's
+ * namespace, Open MPI's job id), hashed (FNV-1a).  Ranks of one job agree;
+ * a process left over from an earlier run under another id is refused,
+ * not taken for a rank.  Without any of them every job is job "". */
+static uint64_t fnv(uint64_t h, const char *s)
+{
+    for (; s && *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return (h ^ 0xff) * 1099511628211ull;      /* a separator */
+}
+
+static uint64_t job_id(const mw_comm_opts_t *opts)
+{
+    static const char *const launcher[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
+                                           "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+    uint64_t h = 14695981039346656037ull;
+    const char *own = opts && opts->job ? opts->job : getenv("MW_JOB");
+    if (own)
+        return fnv(h, own);
+    for (size_t i = 0; i < sizeof launcher / sizeof *launcher; i++)
+        h = fnv(h, getenv(launcher[i]));
+    return h;
+}
+
 /* A creation cancelled or timed out is torn down: connections closed,
  * the listener (and its port) freed, the communicator gone. */
 static void create_cancel(mw_future_t *f, void *arg)
@@ -587,6 +615,8 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
         return f;
     }
     comm->allreduce_algo = algo;
+    comm->job = job_id(opts);
+    comm->opts.job = NULL;        /* the caller's string: read, not kept */
     if (nranks == 1) {
         mw_future_resolve(f, handle_of(comm));
         return f;

@@ -56,6 +56,7 @@ struct mw__comm {
     uint8_t seq;                  /* of the next collective, on the wire */
     int allreduce_algo;           /* enum mw__algo: MW_ALLREDUCE_ALGO, read at
                                      creation and agreed by every rank's hello */
+    uint64_t job;                 /* the job's identity, agreed likewise */
     struct mw__list colls;        /* in issue order; the head executes */
     struct mw__task resume;       /* advance again next turn (holds a ref) */
 };

@@ -469,6 +469,22 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         o.slot_size = 4096;
         o.slots = 1;
     }
+    bool stale = !strcmp(mode, "stale");
+    if (stale || !strcmp(mode, "newjob")) {     /* two jobs at one set of ports */
+        setenv("MW_JOB", stale ? "the previous run" : "this run", 1);
+        o.timeout_ms = stale ? 4000 : 20000;
+    }
+    if (stale) {                  /* refused, never taken for a rank */
+        mw_future_t *cf = mw_comm_create(ctx, rank, nranks, (const char *const *)peers, &o);
+        int rc = mw_wait(cf);
+        fprintf(stderr, "stale rank %d of another job: %s (%s)\n", rank, mw_strerror(rc),
+                mw_future_message(cf));
+        mw_future_unref(cf);
+        mw_ctx_free(ctx);
+        for (int r = 0; r < nranks; r++)
+            free(peers[r]);
+        return rc ? 0 : 1;
+    }
     bool algo = !strcmp(mode, "algo");
     if (algo) {                         /* the ranks disagree on allreduce's algorithm */
         o.timeout_ms = 3000;
@@ -516,6 +532,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_regcache(ctx, comm);
     } else if (!strncmp(mode, "kill:", 5)) {
         check_killed_rank(ctx, comm, rank, nranks, mode + 5);
+    } else if (!strcmp(mode, "newjob")) {
+        check_allreduce(comm, MW_F32, MW_SUM, 4096 + 3, false);
     } else if (small) {
         /* every type through one 4 KiB slot: many chunks a step, one in
          * flight (a slot smaller than an element is refused at creation) */
@@ -609,6 +627,35 @@ static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
 static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }
 static void local_failure_2(void **s) { (void)s; run_ranks(2, "localfail"); }
 static void smallest_slots_2(void **s) { (void)s; run_ranks(2, "smallslots"); }
+
+/* A rank 1 left over from an earlier run (another MW_JOB) keeps retrying
+ * rank 0's port while the new job starts there: rank 0 refuses it and
+ * forms the communicator with the new rank 1; the stale one fails. */
+static void stale_rank_of_another_job(void **s)
+{
+    (void)s;
+    int port = 20000 + (getpid() * 7 + 977) % 20000;
+    char a[3][16];
+    snprintf(a[0], 16, "1");
+    snprintf(a[1], 16, "2");
+    snprintf(a[2], 16, "%d", port);
+    char *stale_argv[] = {self_path, "rank", a[0], a[1], a[2], "stale", NULL};
+    char *new_argv[] = {self_path, "rank", a[0], a[1], a[2], "newjob", NULL};
+    pid_t stale, fresh;
+    assert_int_equal(posix_spawn(&stale, self_path, NULL, NULL, stale_argv, environ), 0);
+    usleep(500 * 1000);                       /* it is retrying by now */
+    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
+    int rc0 = run_rank(0, 2, port, "newjob");
+    int st_stale, st_fresh;
+    waitpid(fresh, &st_fresh, 0);
+    waitpid(stale, &st_stale, 0);
+    printf("stale rank of another job: rank 0 %s, new rank 1 %s, stale rank 1 %s\n",
+           rc0 ? "FAILED" : "ok", WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED",
+           WIFEXITED(st_stale) && !WEXITSTATUS(st_stale) ? "refused" : "NOT REFUSED");
+    assert_int_equal(rc0, 0);
+    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
+    assert_true(WIFEXITED(st_stale) && WEXITSTATUS(st_stale) == 0);
+}
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
 static void algo_mismatch_2(void **s) { (void)s; run_ranks(2, "algo"); }
 static void regcache_2(void **s) { (void)s; run_ranks(2, "regcache"); }
@@ -640,7 +687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(mismatch_3), cmocka_unit_test(multiaddr_3),
         cmocka_unit_test(local_failure_2), cmocka_unit_test(deadline_2),
         cmocka_unit_test(algo_mismatch_2), cmocka_unit_test(regcache_2),
-        cmocka_unit_test(smallest_slots_2),
+        cmocka_unit_test(smallest_slots_2), cmocka_unit_test(stale_rank_of_another_job),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
         cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
         cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),
