@@ -53,7 +53,11 @@ static void send_probe(struct mw__conn *c)
  * c->credit_wait_since: past the deadline it gives up. */
 static void credit_deadline(struct mw__conn *c)
 {
-    if (!c->credit_wait_since || mw__now_ms() - c->credit_wait_since < c->opts.send_timeout_ms)
+    /* now < since: set later in this very millisecond (an unsigned
+     * difference would wrap, and fail a send that just began to wait) */
+    uint64_t now = mw__now_ms();
+    if (!c->credit_wait_since || now < c->credit_wait_since ||
+        now - c->credit_wait_since < c->opts.send_timeout_ms)
         return;
     c->credit_wait_since = 0;
     struct mw__xfer *x;

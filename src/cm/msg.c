@@ -204,6 +204,8 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *c
     }
     *control = fr.type != MW__FRAG_DATA;
     c->send_credits += fr.credits;
+    if (fr.credits && c->credit_wait_since)   /* the peer reads: the wait starts over */
+        c->credit_wait_since = mw__now_ms();
     if (c->send_credits > c->nsend) {
         mw__conn_fail(c, -EPROTO, "the peer returned more credits than it was given");
         return -EPROTO;

@@ -92,7 +92,8 @@ static void note_credit_wait(struct mw__conn *c, bool waiting)
         c->credit_wait_since = 0;
     else if (!c->credit_wait_since) {
         c->stats.credit_waits++;
-        c->credit_wait_since = mw__now_ms() | 1;   /* never 0 */
+        uint64_t now = mw__now_ms();
+        c->credit_wait_since = now ? now : 1;     /* 0 means "not waiting" */
     }
 }
 
