@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <event2/event.h>
 
 #include "rxe_util.h"
+#include "cm/cm.h"
 
 void rxe_require(int n, const char **addrs)
 {
@@ -269,4 +271,26 @@ int rxe_run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
     }
     fail_msg("'%s %s %s' did not finish in 30 s", argv[0], argv[1], argv[2]);
     return -1;
+}
+
+long rxe_rss_kib(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2)
+        resident = 0;
+    if (f)
+        fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+size_t rxe_conns_left(mw_ctx_t *ctx)
+{
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    size_t n = 0;
+    struct mw__conn *c;
+    if (cm)
+        mw__list_for_each(c, &cm->conns, link)
+            n++;
+    return n;
 }

@@ -40,6 +40,12 @@ int qp_pair_connect(mw_ctx_t *ctx, const char *src, const char *dst, int depth,
                     struct qp_pair *p);
 void qp_pair_close(struct qp_pair *p);
 
+/* rxe_rss_kib() - this process's resident memory, KiB. */
+long rxe_rss_kib(void);
+/* rxe_conns_left() - connections the context's cm layer still has (any
+ * state): 0 once everything made has gone. */
+size_t rxe_conns_left(mw_ctx_t *ctx);
+
 /* loop_for() - run @ctx's loop for @ms milliseconds (a future that can only
  * time out). */
 void loop_for(mw_ctx_t *ctx, unsigned ms);

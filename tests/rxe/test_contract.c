@@ -81,19 +81,6 @@ static void expect_msg(mw_conn_t *c, const char *text)
     mw_msg_free(m);
 }
 
-/* A connection's objects left in the context: connections in the cm
- * layer's list, operation records. */
-static size_t conns_left(mw_ctx_t *ctx)
-{
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    size_t n = 0;
-    struct mw__conn *c;
-    if (cm)
-        mw__list_for_each(c, &cm->conns, link)
-            n++;
-    return n;
-}
-
 /* --- 1. a receive that fails leaves the next message for the next one ----- */
 
 static void recv_deadline_and_cancel_lose_nothing(void **state)
@@ -301,7 +288,7 @@ static void connect_deadline_tears_it_down(void **state)
         assert_int_equal(mw_wait(f), i == 0 ? -ETIMEDOUT : -ECANCELED);
         mw_future_unref(f);
         loop_for(ctx, 50);                     /* the id goes a turn later */
-        assert_int_equal(conns_left(ctx), 0);  /* it belongs to nobody: gone */
+        assert_int_equal(rxe_conns_left(ctx), 0);  /* it belongs to nobody: gone */
         assert_int_equal(mw__ops_live(ctx), 0);
         assert_int_equal(mw__handles_live(), handles);
     }

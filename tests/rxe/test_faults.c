@@ -38,6 +38,15 @@ extern char **environ;
 static const char *addrs[2];
 static char self_path[4096];
 
+/* A raw peer's handshake: a small but valid meshwire hello. */
+static void raw_hello(uint8_t pd[MW__HELLO_LEN])
+{
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
+                          .max_msg = 1 << 20};
+    mw__hello_encode(&h, pd, MW__HELLO_LEN);
+}
+
 /* --- the raw server (child mode) -------------------------------------------- */
 
 /* Listen on @addr:@port (and say so on fd 3); on the first request behave
@@ -61,10 +70,7 @@ static int raw_server(const char *addr, const char *port, const char *kind)
     if (!strcmp(kind, "die"))
         raise(SIGKILL);                   /* mid-handshake: the request unanswered */
     uint8_t pd[MW__HELLO_LEN];
-    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
-                          .max_msg = 1 << 20};
-    mw__hello_encode(&h, pd, sizeof pd);
+    raw_hello(pd);
     if (!strcmp(kind, "foreign"))
         memcpy(pd, "HTTP", 4);
     struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
@@ -110,10 +116,7 @@ static int half_open_flood(const char *addr, const char *port, int n)
     if (!ch || rdma_getaddrinfo(addr, port, &hints, &res))
         return 2;
     uint8_t pd[MW__HELLO_LEN];
-    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
-                          .max_msg = 1 << 20};
-    mw__hello_encode(&h, pd, sizeof pd);
+    raw_hello(pd);
     double t0 = now_s();
     for (int i = 0; i < n; i++) {
         if (i % 100 == 0)
@@ -151,10 +154,7 @@ static int raw_client(const char *addr, const char *port, const char *kind)
         return 2;
     }
     uint8_t pd[MW__HELLO_LEN];
-    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-                          .purpose = MW__PURPOSE_P2P, .credits = 4, .slot_size = 4096,
-                          .max_msg = 1 << 20};
-    mw__hello_encode(&h, pd, sizeof pd);
+    raw_hello(pd);
     struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
                                  .retry_count = 7, .rnr_retry_count = 7};
     if (!strcmp(kind, "die")) {                   /* asynchronous: do not wait */
@@ -522,17 +522,6 @@ static void malformed_fragments_are_refused_and_counted(void **state)
     mw_ctx_free(ctx);
 }
 
-static long rss_kib(void)
-{
-    long pages = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2)
-        resident = 0;
-    if (f)
-        fclose(f);
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 /* A peer announces a 1 TiB message: refused before anything is allocated,
  * counted, the connection fails naming the limit, and the context goes on. */
 static void message_beyond_max_msg_size_is_refused(void **state)
@@ -542,34 +531,23 @@ static void message_beyond_max_msg_size_is_refused(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     mw_ctx_stats_t s0, s1;
     mw_ctx_stats(ctx, &s0);
-    long rss0 = rss_kib();
+    long rss0 = rxe_rss_kib();
     struct raw_peer rp;
     raw_peer_start(ctx, "huge", &rp);
     mw_future_t *r = mw_recv(rp.c);
     mw_future_set_timeout(r, 10000);
     int rc = mw_wait(r);
     printf("raw client, 1 TiB message announced: %s (%s); RSS %+ld KiB\n", mw_strerror(rc),
-           mw_future_message(r), rss_kib() - rss0);
+           mw_future_message(r), rxe_rss_kib() - rss0);
     assert_int_equal(rc, -EMSGSIZE);
     assert_non_null(strstr(mw_future_message(r), "max_msg_size"));
-    assert_true(rss_kib() - rss0 < 64 * 1024);
+    assert_true(rxe_rss_kib() - rss0 < 64 * 1024);
     mw_ctx_stats(ctx, &s1);
     assert_int_equal(s1.protocol_errors, s0.protocol_errors + 1);
     mw_future_unref(r);
     raw_peer_stop(&rp);
     context_still_serves(ctx);
     mw_ctx_free(ctx);
-}
-
-static size_t conns_in(mw_ctx_t *ctx)
-{
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    size_t n = 0;
-    struct mw__conn *c;
-    if (cm)
-        mw__list_for_each(c, &cm->conns, link)
-            n++;
-    return n;
 }
 
 static void keep_count(mw_listener_t *l, mw_conn_t *c, void *arg)
@@ -599,16 +577,16 @@ static void half_open_flood_stays_bounded(void **state)
     int accepted = 0;
     assert_int_equal(mw_listen(ctx, la, &o, keep_count, &accepted, &l), 0);
     snprintf(target, sizeof target, "%s:%d", addrs[1], mw_listener_port(l));
-    long rss0 = rss_kib(), rss_max = rss0;
+    long rss0 = rxe_rss_kib(), rss_max = rss0;
     size_t conns_max = 0;
     pid_t flood = spawn_client("halfopen", mw_listener_port(l));
     mw_listener_stats_t ls = {0};
     double t0 = now_s();
     while (now_s() - t0 < 20 && ls.rejected + ls.failed < 150) {
         loop_for(ctx, 20);
-        size_t n = conns_in(ctx);
+        size_t n = rxe_conns_left(ctx);
         conns_max = n > conns_max ? n : conns_max;
-        rss_max = rss_kib() > rss_max ? rss_kib() : rss_max;
+        rss_max = rxe_rss_kib() > rss_max ? rxe_rss_kib() : rss_max;
         mw_listener_stats(l, &ls);
     }
     printf("half-open flood of 200, max_accepting 8: %llu refused as busy, %llu timed out, "

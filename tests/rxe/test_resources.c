@@ -40,17 +40,6 @@ static long count_fds(void)
     return n - 1;                 /* the one opendir holds */
 }
 
-static long rss_kib(void)
-{
-    long pages = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2)
-        resident = 0;
-    if (f)
-        fclose(f);
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 /* This process's objects of @kind ("qp", "mr") as the kernel lists them. */
 static long count_rdma(const char *kind)
 {
@@ -66,24 +55,13 @@ static long count_rdma(const char *kind)
     return n;
 }
 
-static long count_conns(mw_ctx_t *ctx)
-{
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    long n = 0;
-    struct mw__conn *c;
-    if (cm)
-        mw__list_for_each(c, &cm->conns, link)
-            n++;
-    return n;
-}
-
 static struct usage sample(mw_ctx_t *ctx)
 {
     mw_ctx_stats_t st;
     mw_ctx_stats(ctx, &st);
-    return (struct usage){rss_kib(), count_fds(), count_rdma("qp"), count_rdma("mr"),
+    return (struct usage){rxe_rss_kib(), count_fds(), count_rdma("qp"), count_rdma("mr"),
                           (long)st.futures_live, (long)mw__ops_live(ctx),
-                          (long)mw__handles_live(), count_conns(ctx)};
+                          (long)mw__handles_live(), (long)rxe_conns_left(ctx)};
 }
 
 static void print_usage(const char *when, struct usage u)

@@ -396,17 +396,6 @@ static void storm_issue(struct storm *st)
     mw_future_unref(f);
 }
 
-static size_t conns_left(mw_ctx_t *ctx)
-{
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    size_t n = 0;
-    struct mw__conn *c;
-    if (cm)
-        mw__list_for_each(c, &cm->conns, link)
-            n++;
-    return n;
-}
-
 static mw_msg_t *recv_wait(mw_conn_t *c)
 {
     mw_future_t *f = mw_recv(c);
@@ -523,7 +512,7 @@ static void storm(void **state)
     mw_ctx_stats(st.ctx, &s);
     assert_int_equal(s.futures_live, 0);
     assert_int_equal(mw__ops_live(st.ctx), 0);
-    assert_int_equal(conns_left(st.ctx), 0);
+    assert_int_equal(rxe_conns_left(st.ctx), 0);
     assert_int_equal(mw__handles_live(), handles);
     mw_ctx_free(st.ctx);
     free(st.sent_ok);
