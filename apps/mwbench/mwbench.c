@@ -27,9 +27,10 @@
  *                                      cost of one handle lookup
  *   mwbench stalls ADDR               the longest single mw_ctx_progress()
  *                                      call of an epoll loop driving the
- *                                      context, in three situations: a first
- *                                      connection, a first connection with
- *                                      1 GiB already from mw_alloc, and
+ *                                      context (and the CPU time its thread
+ *                                      spent in it), in three situations: a
+ *                                      first connection, a first connection
+ *                                      with 1 GiB already from mw_alloc, and
  *                                      allreduce on malloc'd buffers (2 ranks)
  *
  * Every line also gives the CPU seconds the process used (getrusage), so
@@ -636,22 +637,44 @@ static int coll_bench(int argc, char **argv)
 
 /* --- loop stalls: the longest mw_ctx_progress() call ------------------------- */
 
+/* The longest single mw_ctx_progress() call: its wall time, and the CPU
+ * time the calling thread spent in it, in user space and in the kernel
+ * (rxe's send engine runs in ibv_post_send; the rest of the wall time the
+ * thread was not running). */
+struct stall {
+    double wall, user, sys;
+};
+
+static void thread_cpu(double *user, double *sys)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    *user = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6;
+    *sys = ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+static void stall_max(struct stall *a, struct stall b)
+{
+    if (b.wall > a->wall)
+        *a = b;
+}
+
 /* Drive @ctx from an epoll loop of our own, as a program with its own loop
- * would, until @f completes; the longest single mw_ctx_progress() call is
- * how long such a program's other work could be kept waiting. */
-static double drive(mw_ctx_t *ctx, mw_future_t *f, const char *what)
+ * would, until @f completes. */
+static struct stall drive(mw_ctx_t *ctx, mw_future_t *f, const char *what)
 {
     int fd = mw_ctx_fd(ctx), ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event e = {.events = EPOLLIN};
     epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
-    double worst = 0;
+    struct stall worst = {0, 0, 0};
     while (mw_future_state(f) == MW_FUTURE_PENDING) {
         if (epoll_wait(ep, &e, 1, 60000) != 1)
             die(what, -ETIMEDOUT, NULL);
-        double t0 = now();
+        double t0 = now(), u0, s0, u1, s1;
+        thread_cpu(&u0, &s0);
         mw_ctx_progress(ctx);
-        if (now() - t0 > worst)
-            worst = now() - t0;
+        thread_cpu(&u1, &s1);
+        stall_max(&worst, (struct stall){now() - t0, u1 - u0, s1 - s0});
     }
     close(ep);
     if (mw_future_error(f))
@@ -668,7 +691,7 @@ static void accept_into(mw_listener_t *l, mw_conn_t *c, void *arg)
 
 /* A fresh context's first connection to itself on @addr, after @prealloc
  * bytes from mw_alloc (touched, as an application's would be). */
-static double stall_first_connect(const char *addr, size_t prealloc)
+static struct stall stall_first_connect(const char *addr, size_t prealloc)
 {
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
@@ -686,8 +709,8 @@ static double stall_first_connect(const char *addr, size_t prealloc)
         die("listen", rc, NULL);
     snprintf(a, sizeof a, "%s:%d", addr, mw_listener_port(l));
     mw_future_t *f = mw_connect(ctx, a, NULL);
-    double worst = drive(ctx, f, "connect");
-    double w2 = drive(ctx, acc, "accept");
+    struct stall worst = drive(ctx, f, "connect");
+    stall_max(&worst, drive(ctx, acc, "accept"));
     close_conn(mw_future_value(f));
     close_conn(mw_future_value(acc));
     mw_future_unref(f);
@@ -695,12 +718,12 @@ static double stall_first_connect(const char *addr, size_t prealloc)
     mw_listener_free(l);
     mw_free(ctx, big);
     mw_ctx_free(ctx);
-    return worst > w2 ? worst : w2;
+    return worst;
 }
 
 /* One of two ranks running allreduce on malloc'd (unregistered) buffers;
  * returns its longest progress call. */
-static double stall_coll_rank(int rank, const char *peers[2], size_t bytes, int iters)
+static struct stall stall_coll_rank(int rank, const char *peers[2], size_t bytes, int iters)
 {
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
@@ -710,11 +733,10 @@ static double stall_coll_rank(int rank, const char *peers[2], size_t bytes, int 
     mw_future_unref(cf);
     float *x = malloc(bytes);
     memset(x, 0, bytes);
-    double worst = 0;
+    struct stall worst = {0, 0, 0};
     for (int i = 0; i < iters; i++) {
         mw_future_t *f = mw_allreduce(comm, x, x, bytes / sizeof *x, MW_F32, MW_SUM);
-        double w = drive(ctx, f, "allreduce");
-        worst = w > worst ? w : worst;
+        stall_max(&worst, drive(ctx, f, "allreduce"));
         mw_future_unref(f);
     }
     mw_future_t *b = mw_barrier(comm);
@@ -730,7 +752,7 @@ static double stall_coll_rank(int rank, const char *peers[2], size_t bytes, int 
  * meshwire would: nothing opened, registered or loaded yet. */
 enum stall_case { STALL_ALLREDUCE, STALL_CONNECT, STALL_CONNECT_1GIB };
 
-static double stall_case(enum stall_case k, const char *addr, const char *peers[2], int rank)
+static struct stall stall_case(enum stall_case k, const char *addr, const char *peers[2], int rank)
 {
     switch (k) {
     case STALL_ALLREDUCE: return stall_coll_rank(rank, peers, 64u << 20, 5);
@@ -740,8 +762,8 @@ static double stall_case(enum stall_case k, const char *addr, const char *peers[
 }
 
 /* Run @k in @n fresh processes at once (ranks 0..n-1); the worst of their
- * longest progress calls, or -1 if one failed. */
-static double stall_fresh(enum stall_case k, const char *addr, const char *peers[2], int n)
+ * longest progress calls, or wall -1 if one failed. */
+static struct stall stall_fresh(enum stall_case k, const char *addr, const char *peers[2], int n)
 {
     int fds[2];
     if (pipe(fds) < 0)
@@ -749,22 +771,22 @@ static double stall_fresh(enum stall_case k, const char *addr, const char *peers
     for (int r = 0; r < n; r++) {
         if (fork() == 0) {
             close(fds[0]);
-            double w = stall_case(k, addr, peers, r);
+            struct stall w = stall_case(k, addr, peers, r);
             _exit(write(fds[1], &w, sizeof w) == sizeof w ? 0 : 1);
         }
     }
     close(fds[1]);
-    double worst = 0, w;
+    struct stall worst = {0, 0, 0}, w;
     int got = 0, st, ok = 1;
     while (read(fds[0], &w, sizeof w) == sizeof w) {
         got++;
-        worst = w > worst ? w : worst;
+        stall_max(&worst, w);
     }
     close(fds[0]);
     for (int r = 0; r < n; r++)
         if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
             ok = 0;
-    return ok && got == n ? worst : -1;
+    return ok && got == n ? worst : (struct stall){-1, 0, 0};
 }
 
 static int stalls_bench(const char *addr)
@@ -778,16 +800,19 @@ static int stalls_bench(const char *addr)
         {STALL_CONNECT, 1, "connect", "first connection of a process"},
         {STALL_CONNECT_1GIB, 1, "connect-1GiB-alloc", "first connection, 1 GiB from mw_alloc"},
     };
-    printf("%-22s %-50s %15s\n", "key", "situation", "max_progress_ms");
+    /* the last column is the figure scripts/bench records */
+    printf("%-22s %-50s %8s %8s %15s\n", "key", "situation", "user_ms", "sys_ms",
+           "max_progress_ms");
     char p0[96], p1[96];
     int port = 20000 + getpid() % 20000, failed = 0;
     snprintf(p0, sizeof p0, "%s:%d", addr, port);
     snprintf(p1, sizeof p1, "%s:%d", addr, port + 1);
     const char *peers[2] = {p0, p1};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double w = stall_fresh(cases[i].k, addr, peers, cases[i].procs);
-        failed |= w < 0;
-        printf("%-22s %-50s %15.1f\n", cases[i].key, cases[i].what, w * 1e3);
+        struct stall w = stall_fresh(cases[i].k, addr, peers, cases[i].procs);
+        failed |= w.wall < 0;
+        printf("%-22s %-50s %8.1f %8.1f %15.1f\n", cases[i].key, cases[i].what, w.user * 1e3,
+               w.sys * 1e3, w.wall * 1e3);
         fflush(stdout);
     }
     return failed;
