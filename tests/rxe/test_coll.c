@@ -455,6 +455,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         peers[r] = malloc(96);
         if (multi)                          /* "A,B:PORT", A reaching no one */
             snprintf(peers[r], 96, "%s,%s:%d", unreachable_addr(), addrs[1], port + r);
+        else if (r == rank && !strcmp(mode, "stale"))   /* listens elsewhere: */
+            snprintf(peers[r], 96, "%s:%d", addrs[1], port + 10);  /* another host */
         else
             snprintf(peers[r], 96, "%s:%d", addrs[1], port + r);
     }
@@ -471,6 +473,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
     }
     bool stale = !strcmp(mode, "stale");
     if (stale || !strcmp(mode, "newjob")) {     /* two jobs at one set of ports */
+        if (!stale && rank == 1)
+            usleep(1500 * 1000);  /* the stale one reaches rank 0 first */
         setenv("MW_JOB", stale ? "the previous run" : "this run", 1);
         o.timeout_ms = stale ? 4000 : 20000;
     }
