@@ -236,6 +236,10 @@ void mw__cm_nics_changed(struct mw__cm *cm);
  * for public call @fn, or NULL with *@err: -EINVAL (NULL, another kind),
  * -ESTALE (closed, aborted or freed), -EPERM (off the loop thread). */
 struct mw__conn *mw__conn_of(const mw_conn_t *h, const char *fn, int *err);
+/* mw__conn_future() - the start of every public operation on a connection:
+ * the connection behind @h (in *@cp) and a new future for the operation,
+ * or NULL with errno set (a stale handle, out of memory). */
+mw_future_t *mw__conn_future(mw_conn_t *h, const char *fn, struct mw__conn **cp);
 struct mw__listener *mw__listener_of(const mw_listener_t *h, const char *fn, int *err);
 mw_conn_t *mw__conn_handle(const struct mw__conn *c);
 /* listen.c: stop listening and free (teardown, mw_listener_free) */

@@ -451,15 +451,22 @@ static void close_cancel(mw_future_t *f, void *arg)
     mw_future_unref(f);
 }
 
-mw_future_t *mw_conn_close(mw_conn_t *h)
+mw_future_t *mw__conn_future(mw_conn_t *h, const char *fn, struct mw__conn **cp)
 {
     int err;
-    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    struct mw__conn *c = mw__conn_of(h, fn, &err);
     if (!c) {
         errno = -err;
         return NULL;
     }
-    mw_future_t *f = mw_future_new(c->ctx);
+    *cp = c;
+    return mw_future_new(c->ctx);
+}
+
+mw_future_t *mw_conn_close(mw_conn_t *h)
+{
+    struct mw__conn *c;
+    mw_future_t *f = mw__conn_future(h, __func__, &c);
     if (!f)
         return NULL;
     release_handle(c);

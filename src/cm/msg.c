@@ -359,13 +359,8 @@ static void take_inbox(struct mw__conn *c, mw_future_t *f)
 
 mw_future_t *mw_recv(mw_conn_t *h)
 {
-    int err;
-    struct mw__conn *c = mw__conn_of(h, __func__, &err);
-    if (!c) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(c->ctx);
+    struct mw__conn *c;
+    mw_future_t *f = mw__conn_future(h, __func__, &c);
     if (!f)
         return NULL;
     if (!mw__list_empty(&c->inbox)) {

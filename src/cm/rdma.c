@@ -174,13 +174,8 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
                           size_t len, const mw_remote_t *rem, uint64_t offset, bool with_imm,
                           uint32_t imm)
 {
-    int err;
-    struct mw__conn *c = mw__conn_of(h, fn, &err);
-    if (!c) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(c->ctx);
+    struct mw__conn *c;
+    mw_future_t *f = mw__conn_future(h, fn, &c);
     if (!f)
         return NULL;
     int rc = c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;

@@ -156,13 +156,8 @@ static void send_cancel(mw_future_t *f, void *arg)
 
 mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
 {
-    int err;
-    struct mw__conn *c = mw__conn_of(h, __func__, &err);
-    if (!c) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(c->ctx);
+    struct mw__conn *c;
+    mw_future_t *f = mw__conn_future(h, __func__, &c);
     if (!f)
         return NULL;
     int rc = c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;

@@ -294,3 +294,15 @@ size_t rxe_conns_left(mw_ctx_t *ctx)
             n++;
     return n;
 }
+
+mw_msg_t *rxe_recv(mw_conn_t *c, unsigned ms)
+{
+    mw_future_t *f = mw_recv(c);
+    mw_future_set_timeout(f, ms);
+    int rc = mw_wait(f);
+    if (rc)
+        fail_msg("recv: %s: %s", mw_strerror(rc), mw_future_message(f));
+    mw_msg_t *m = mw_future_value(f);
+    mw_future_unref(f);
+    return m;
+}

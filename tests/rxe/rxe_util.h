@@ -40,6 +40,9 @@ int qp_pair_connect(mw_ctx_t *ctx, const char *src, const char *dst, int depth,
                     struct qp_pair *p);
 void qp_pair_close(struct qp_pair *p);
 
+/* rxe_recv() - the next message on @c within @ms, or fail the test. */
+mw_msg_t *rxe_recv(mw_conn_t *c, unsigned ms);
+
 /* rxe_rss_kib() - this process's resident memory, KiB. */
 long rxe_rss_kib(void);
 /* rxe_conns_left() - connections the context's cm layer still has (any

@@ -52,18 +52,6 @@ static void pair_close(struct pair *p)
     mw_ctx_free(p->ctx);
 }
 
-static mw_msg_t *recv_now(mw_conn_t *c)
-{
-    mw_future_t *f = mw_recv(c);
-    mw_future_set_timeout(f, 10000);
-    int rc = mw_wait(f);
-    if (rc)
-        fail_msg("recv: %s: %s", mw_strerror(rc), mw_future_message(f));
-    mw_msg_t *m = mw_future_value(f);
-    mw_future_unref(f);
-    return m;
-}
-
 static void send_now(mw_conn_t *c, const void *buf, size_t len)
 {
     mw_future_t *f = mw_send(c, buf, len);
@@ -75,7 +63,7 @@ static void send_now(mw_conn_t *c, const void *buf, size_t len)
 
 static void expect_msg(mw_conn_t *c, const char *text)
 {
-    mw_msg_t *m = recv_now(c);
+    mw_msg_t *m = rxe_recv(c, 10000);
     assert_int_equal(m->len, strlen(text) + 1);
     assert_string_equal(m->data, text);
     mw_msg_free(m);
@@ -470,7 +458,7 @@ static void inbox_bytes_and_message_size_are_bounded(void **state)
     assert_true(st.inbox_bytes <= (1u << 20) + 16 * (64u << 10) + LEN);
     assert_true(done < N);                     /* the rest wait at the sender */
     for (int i = 0; i < N; i++) {
-        mw_msg_t *m = recv_now(p.b);
+        mw_msg_t *m = rxe_recv(p.b, 10000);
         assert_int_equal(m->len, LEN);
         assert_memory_equal(m->data, buf + (size_t)i * LEN, LEN);
         mw_msg_free(m);

@@ -396,18 +396,6 @@ static void storm_issue(struct storm *st)
     mw_future_unref(f);
 }
 
-static mw_msg_t *recv_wait(mw_conn_t *c)
-{
-    mw_future_t *f = mw_recv(c);
-    mw_future_set_timeout(f, 30000);
-    int rc = mw_wait(f);
-    if (rc)
-        fail_msg("recv: %s: %s", mw_strerror(rc), mw_future_message(f));
-    mw_msg_t *m = mw_future_value(f);
-    mw_future_unref(f);
-    return m;
-}
-
 static void check_report(struct storm *st, const mw_msg_t *m)
 {
     const struct report *rep = m->data;
@@ -462,7 +450,7 @@ static void storm(void **state)
     assert_non_null(cf);
     st.c = mw_future_value(cf);
     mw_future_unref(cf);
-    mw_msg_t *m = recv_wait(st.c);
+    mw_msg_t *m = rxe_recv(st.c, 30000);
     assert_int_equal(m->len, sizeof st.r);
     memcpy(&st.r, m->data, sizeof st.r);
     mw_msg_free(m);
@@ -482,7 +470,7 @@ static void storm(void **state)
 
     /* the rest of the peer's messages, in order, none missing */
     while (st.next_seq < PEER_MSGS)
-        take_peer_msg(&st, recv_wait(st.c));
+        take_peer_msg(&st, rxe_recv(st.c, 30000));
     assert_int_equal(st.bad, 0);
     assert_true(st.ok[RECV] > 0 && st.failed[RECV] > 0);   /* both happened */
 
@@ -490,7 +478,7 @@ static void storm(void **state)
     mw_future_t *fin = mw_send(st.c, "FIN", 4);
     assert_int_equal(mw_wait(fin), 0);
     mw_future_unref(fin);
-    m = recv_wait(st.c);
+    m = rxe_recv(st.c, 30000);
     check_report(&st, m);
     mw_msg_free(m);
 
