@@ -261,6 +261,39 @@ struct accepting {
     mw_conn_t *conn;
 };
 
+struct refusal {
+    struct mw__comm *comm;
+    int rank;
+    const char *why;              /* a literal of check_hello */
+};
+
+static void on_refusal_closed(mw_future_t *f, void *arg)
+{
+    struct refusal *x = arg;
+    mw__comm_fail(x->comm, -EPROTO, "rank %d: %s", x->rank, x->why);
+    mw__comm_unref(x->comm);
+    mw_future_unref(f);
+    free(x);
+}
+
+/* Our hello tells rank @r why; we fail only once the close delivered it
+ * (or gave up), so an owner that tears its context down at our failure
+ * cannot take the answer off the wire before the peer has it. */
+static void refuse_own_rank(struct mw__comm *comm, mw_conn_t *c, int r, const char *why)
+{
+    struct refusal *x = malloc(sizeof *x);
+    mw_future_t *closed = x && send_hello(comm, c, NULL) == 0 ? mw_conn_close(c) : NULL;
+    if (!closed) {
+        free(x);
+        mw_conn_abort(c);
+        mw__comm_fail(comm, -EPROTO, "rank %d: %s", r, why);
+        return;
+    }
+    *x = (struct refusal){comm, r, why};
+    mw__comm_ref(comm);
+    mw_future_then(closed, on_refusal_closed, x);
+}
+
 static void on_accepted_hello(mw_future_t *f, void *arg)
 {
     struct accepting *a = arg;
@@ -276,9 +309,7 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     if (bad && ours) {
         /* A rank of ours, set up otherwise: tell it what we are (it fails
          * with the reason too), and nobody can go on. */
-        send_hello(comm, a->conn, NULL);
-        mw_future_unref(mw_conn_close(a->conn));
-        mw__comm_fail(comm, -EPROTO, "rank %d: %s", r, bad);
+        refuse_own_rank(comm, a->conn, r, bad);
     } else if (bad) {
         MW_LOG(comm->ctx, MW_LOG_WARN, "communicator rank %d: refused a peer: %s", comm->rank, bad);
         mw_conn_abort(a->conn);
