@@ -811,6 +811,25 @@ MW_EXTERN mw_future_t *mw_scatter(mw_comm_t *comm, const void *in, void *out, si
 MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, size_t count,
                                    mw_dtype_t dt);
 
+/** The allocator meshwire takes its own bookkeeping from (connections,
+ *  futures, messages handed to you...), the C library's by default. */
+typedef void *(*mw_malloc_fn)(size_t size);
+typedef void *(*mw_realloc_fn)(void *ptr, size_t size);
+typedef void *(*mw_calloc_fn)(size_t count, size_t size);
+typedef void (*mw_free_fn)(void *ptr);
+
+/**
+ * mw_replace_allocator() - allocate meshwire's bookkeeping with these (to
+ * count it, or to fail the Nth allocation in a test).  Not the memory of
+ * mw_alloc (registered memory has its own arena), nor what libevent,
+ * libibverbs and librdmacm allocate.  meshwire never asks for 0 bytes.
+ * Return: 0, -EINVAL (one is NULL), or -EBUSY while meshwire holds memory
+ * from the current allocator: call it before anything else, or once every
+ * context, future and message is released.
+ */
+MW_EXTERN int mw_replace_allocator(mw_malloc_fn m, mw_realloc_fn r, mw_calloc_fn c,
+                                   mw_free_fn f);
+
 /**
  * mw_version() - the library version, "MAJOR.MINOR.PATCH".
  * Thread-safe; the string is static.

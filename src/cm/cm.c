@@ -8,6 +8,7 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/alloc.h"
 #include "core/dev.h"
 
 /* A device was hot-removed: the kernel finishes only once every resource on
@@ -180,8 +181,8 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
     if (cm->sync_ev)
         event_free(cm->sync_ev);
     rdma_destroy_event_channel(cm->ch);
-    free(cm->nics);
-    free(cm);
+    mw__free(cm->nics);
+    mw__free(cm);
     ctx->layers[MW__LAYER_CM] = (struct mw__layer){0};
 }
 
@@ -191,7 +192,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     if (cm)
         return cm;
     *err = -ENOMEM;
-    if (!(cm = calloc(1, sizeof *cm)))
+    if (!(cm = mw__calloc(1, sizeof *cm)))
         return NULL;
     mw__list_init(&cm->conns);
     mw__list_init(&cm->listeners);
@@ -199,7 +200,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     if (!cm->ch) {
         *err = errno ? -errno : -ENODEV;
         MW_LOG(ctx, MW_LOG_ERROR, "cannot open rdma_cm (%s): is rdma_ucm loaded?", mw_strerror(*err));
-        free(cm);
+        mw__free(cm);
         return NULL;
     }
     int fl = fcntl(cm->ch->fd, F_GETFL);
@@ -209,7 +210,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
         if (cm->ev)
             event_free(cm->ev);
         rdma_destroy_event_channel(cm->ch);
-        free(cm);
+        mw__free(cm);
         return NULL;
     }
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
@@ -227,14 +228,14 @@ static void destroy_id_task(struct mw__task *t)
 {
     struct doomed_id *d = (struct doomed_id *)t;
     rdma_destroy_id(d->id);
-    free(d);
+    mw__free(d);
 }
 
 /* rdma_destroy_id() waits until every event of the id is acked, so inside
  * an event handler it would wait for itself: destroy from the loop later. */
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id)
 {
-    struct doomed_id *d = calloc(1, sizeof *d);
+    struct doomed_id *d = mw__calloc(1, sizeof *d);
     if (!d) {
         MW_LOG(ctx, MW_LOG_ERROR, "no memory: leaking an rdma_cm id");
         return;
@@ -247,7 +248,7 @@ void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id)
 void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n)
 {
     if (!cm->nics_valid) {
-        free(cm->nics);
+        mw__free(cm->nics);
         cm->nics = NULL;
         cm->nnics = 0;
         cm->nics_valid = mw__nic_list(&cm->nics, &cm->nnics) == 0;

@@ -11,6 +11,7 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/alloc.h"
 #include "core/check.h"
 #include "core/cq.h"
 #include "core/dev.h"
@@ -112,11 +113,11 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
-    struct mw__conn *c = calloc(1, sizeof *c);
+    struct mw__conn *c = mw__calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
     if (!(c->h = mw__handle_new(MW__H_CONN, c, mw__loop_thread(ctx)))) {
-        free(c);
+        mw__free(c);
         return -ENOMEM;
     }
     c->kind = MW__CM_CONN;
@@ -268,7 +269,7 @@ static int alloc_send_slots(struct mw__conn *c)
 {
     size_t slot = c->max_frag + MW__FRAG_HDR_LEN;
     c->send_mem = mw_alloc(c->ctx, c->nsend * slot);
-    c->free_send = calloc(c->nsend, sizeof *c->free_send);
+    c->free_send = mw__calloc(c->nsend, sizeof *c->free_send);
     if (!c->send_mem || !c->free_send)
         return -ENOMEM;
     for (unsigned i = 0; i < c->nsend; i++)
@@ -415,7 +416,7 @@ void mw__conn_free(struct mw__conn *c)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     mw__queue_drop_all(c);
     mw__msg_free_buffers(c);
-    free(c->peers);
+    mw__free(c->peers);
     if (c->close_f) {
         if (c->err && c->err != -ECONNABORTED && c->err != -ECONNRESET)
             mw_future_fail(c->close_f, c->err, "%s", c->why);
@@ -423,7 +424,7 @@ void mw__conn_free(struct mw__conn *c)
             mw_future_resolve(c->close_f, NULL);
         mw_future_unref(c->close_f);
     }
-    free(c);
+    mw__free(c);
 }
 
 static void on_close_timeout(struct mw__conn *c)

@@ -9,6 +9,7 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/alloc.h"
 #include "core/handle.h"
 
 /* "", "*", ":PORT", "*:PORT" listen on every address; else an address. */
@@ -49,12 +50,12 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
-    struct mw__listener *l = calloc(1, sizeof *l);
+    struct mw__listener *l = mw__calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
     *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
     if (!(l->h = mw__handle_new(MW__H_LISTENER, l, mw__loop_thread(ctx)))) {
-        free(l);
+        mw__free(l);
         return -ENOMEM;
     }
     if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
@@ -66,7 +67,7 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
         if (l->id)
             rdma_destroy_id(l->id);
         mw__handle_release(l->h);
-        free(l);
+        mw__free(l);
         return rc;
     }
     mw__list_add_tail(&cm->listeners, &l->link);
@@ -113,7 +114,7 @@ void mw__listener_free(struct mw__listener *l)
     if (l->id)
         rdma_destroy_id(l->id);
     mw__handle_release(l->h);
-    free(l);
+    mw__free(l);
 }
 
 int mw_listener_free(mw_listener_t *h)

@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
+#include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
@@ -42,8 +43,8 @@ int mw__msg_post_recvs(struct mw__conn *c)
 {
     unsigned n = c->opts.credits;
     c->recv_mem = mw_alloc(c->ctx, (size_t)n * c->opts.slot_size);
-    c->slots = calloc(n, sizeof *c->slots);
-    c->early = calloc(n, sizeof *c->early);
+    c->slots = mw__calloc(n, sizeof *c->slots);
+    c->early = mw__calloc(n, sizeof *c->early);
     if (!c->recv_mem || !c->slots || !c->early)
         return -ENOMEM;
     for (unsigned i = 0; i < n; i++) {
@@ -64,24 +65,24 @@ void mw__msg_free_buffers(struct mw__conn *c)
     for (unsigned i = 0; c->slots && i < c->opts.credits; i++)
         if (c->slots[i].op)
             mw__op_put(c->ctx, c->slots[i].op);
-    free(c->slots);
+    mw__free(c->slots);
     c->slots = NULL;
-    free(c->early);
+    mw__free(c->early);
     c->early = NULL;
     c->nearly = 0;
     mw__defer_cancel(c->ctx, &c->early_task);
     mw_free(c->ctx, c->recv_mem);
     mw_free(c->ctx, c->send_mem);
     c->recv_mem = c->send_mem = NULL;
-    free(c->free_send);
+    mw__free(c->free_send);
     c->free_send = NULL;
-    free(c->rx.buf);
+    mw__free(c->rx.buf);
     c->rx.buf = NULL;
     struct mw__msgq *q;
     mw__list_for_each(q, &c->inbox, link) {
         mw__list_del(&q->link);
-        free(q->msg.data);
-        free(q);
+        mw__free(q->msg.data);
+        mw__free(q);
     }
     c->inbox_len = 0;
     c->stats.inbox_bytes = 0;
@@ -127,8 +128,8 @@ static void unpark_slots(struct mw__conn *c)
 void mw_msg_free(mw_msg_t *m)
 {
     if (m) {
-        free(m->data);
-        free(m);
+        mw__free(m->data);
+        mw__free(m);
     }
 }
 
@@ -140,11 +141,12 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
     if (w) {
         mw__list_del(&w->link);
         mw_future_t *f = w->f;
-        free(w);
-        mw_msg_t *m = malloc(sizeof *m);
-        if (!m) {
-            free(data);
+        mw__free(w);
+        mw_msg_t *m = mw__malloc(sizeof *m);
+        if (!m) {                 /* a message lost: the connection cannot go on */
+            mw__free(data);
             mw_future_fail(f, -ENOMEM, "no memory for a received message");
+            mw__conn_fail(c, -ENOMEM, "no memory for a received message");
         } else {
             *m = (mw_msg_t){data, len};
             mw_future_resolve(f, m);
@@ -152,9 +154,9 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
         mw_future_unref(f);
         return;
     }
-    struct mw__msgq *q = malloc(sizeof *q);
+    struct mw__msgq *q = mw__malloc(sizeof *q);
     if (!q) {
-        free(data);
+        mw__free(data);
         mw__conn_fail(c, -ENOMEM, "no memory to queue a received message");
         return;
     }
@@ -172,7 +174,7 @@ static int take_data(struct mw__conn *c, const struct mw__frag *fr, const uint8_
             return -EPROTO;
         if (fr->total > c->opts.max_msg_size)
             return -EMSGSIZE;     /* more than we announced: never allocated */
-        if (!(c->rx.buf = malloc(fr->total ? fr->total : 1)))
+        if (!(c->rx.buf = mw__malloc(fr->total ? fr->total : 1)))
             return -ENOMEM;
         c->rx.active = true;
         c->rx.id = fr->msg_id;
@@ -216,7 +218,7 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *c
                           (unsigned long long)fr.msg_id);
             return -EPROTO;
         }
-        free(c->rx.buf);          /* its send was cancelled half way */
+        mw__free(c->rx.buf);          /* its send was cancelled half way */
         c->rx.buf = NULL;
         c->rx.active = false;
         return 0;
@@ -334,7 +336,7 @@ static void recv_cancel(mw_future_t *f, void *arg)
     mw__list_del(&w->link);
     mw_future_fail(f, -ECANCELED, "cancelled");   /* the recorded error wins */
     mw_future_unref(w->f);
-    free(w);
+    mw__free(w);
 }
 
 /* The first message waiting in the inbox, to @f. */
@@ -344,15 +346,15 @@ static void take_inbox(struct mw__conn *c, mw_future_t *f)
     mw__list_del(&q->link);
     c->inbox_len--;
     c->stats.inbox_bytes -= q->msg.len;
-    mw_msg_t *m = malloc(sizeof *m);
+    mw_msg_t *m = mw__malloc(sizeof *m);
     if (m) {
         *m = q->msg;
         mw_future_resolve(f, m);
     } else {
-        free(q->msg.data);
+        mw__free(q->msg.data);
         mw_future_fail(f, -ENOMEM, "no memory");
     }
-    free(q);
+    mw__free(q);
     unpark_slots(c);
     mw__conn_pump(c);             /* the credits owed may go now */
 }
@@ -372,7 +374,7 @@ mw_future_t *mw_recv(mw_conn_t *h)
                        c->err ? c->why : "connection closed");
         return f;
     }
-    struct mw__waiter *w = malloc(sizeof *w);
+    struct mw__waiter *w = mw__malloc(sizeof *w);
     if (!w) {
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;
@@ -391,6 +393,6 @@ void mw__recv_fail_all(struct mw__conn *c, int err, const char *why)
         mw__list_del(&w->link);
         mw_future_fail(w->f, err, "%s", why);
         mw_future_unref(w->f);
-        free(w);
+        mw__free(w);
     }
 }

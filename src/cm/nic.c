@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cm/nic.h"
+#include "core/alloc.h"
 
 /* IPoIB hardware address: 4 bytes of flags and QPN, then the port GID. */
 #define IPOIB_HWADDR_LEN 20
@@ -36,7 +37,7 @@ static void *grow(void *arr, size_t *cap, size_t n, size_t elem)
     size_t ncap = *cap ? *cap * 2 : 8;
     if (ncap > SIZE_MAX / elem)
         return NULL;
-    void *p = realloc(arr, ncap * elem);
+    void *p = mw__realloc(arr, ncap * elem);
     if (p)
         *cap = ncap;
     return p;
@@ -140,13 +141,13 @@ static int ndevs_of_device(struct ibv_context *ctx, struct ndev_vec *nv)
 {
     int rc = 0;
     size_t max = gid_table_size(ctx);
-    struct ibv_gid_entry *e = max ? calloc(max, sizeof(*e)) : NULL;
+    struct ibv_gid_entry *e = max ? mw__calloc(max, sizeof(*e)) : NULL;
     if (max && !e)
         return -ENOMEM;
     ssize_t got = max ? ibv_query_gid_table(ctx, e, max, 0) : 0;
     for (ssize_t i = 0; i < got && rc == 0; i++)
         rc = ndev_add_entry(nv, &e[i], ibv_get_device_name(ctx->device));
-    free(e);
+    mw__free(e);
     return rc;
 }
 
@@ -297,7 +298,7 @@ int mw__nic_from_ifaddrs(const struct ifaddrs *ifa, const struct mw__nic_ndev *n
     for (const struct ifaddrs *a = ifa; a; a = a->ifa_next) {
         int rc = consider(&v, ifa, a, nd, nnd);
         if (rc) {
-            free(v.v);
+            mw__free(v.v);
             return rc;
         }
     }
@@ -321,7 +322,7 @@ int mw__nic_list(struct mw__nic **out, size_t *n)
             freeifaddrs(ifa);
         }
     }
-    free(nv.v);
+    mw__free(nv.v);
     return rc;
 }
 
@@ -647,7 +648,7 @@ static size_t list_items(const char *s)
  * the next one written after it, else @default_port.  No resolution. */
 static int list_ports(const char *s, size_t n, uint16_t default_port, uint16_t *ports, bool *v6)
 {
-    bool *explicit = calloc(n, sizeof *explicit);
+    bool *explicit = mw__calloc(n, sizeof *explicit);
     if (!explicit)
         return -ENOMEM;
     int rc = 0;
@@ -667,7 +668,7 @@ static int list_ports(const char *s, size_t n, uint16_t default_port, uint16_t *
         else
             ports[i] = next;
     }
-    free(explicit);
+    mw__free(explicit);
     return rc;
 }
 
@@ -681,8 +682,8 @@ int mw__parse_addr_list(const char *s, uint16_t default_port,
     if (!s)
         return -EINVAL;
     size_t items = list_items(s);
-    struct sockaddr_storage *v = calloc(items, sizeof(*v));
-    uint16_t *ports = calloc(items, sizeof(*ports));
+    struct sockaddr_storage *v = mw__calloc(items, sizeof(*v));
+    uint16_t *ports = mw__calloc(items, sizeof(*ports));
     bool v6;
     int rc = v && ports ? list_ports(s, items, default_port, ports, &v6) : -ENOMEM;
     const char *item = s;
@@ -691,9 +692,9 @@ int mw__parse_addr_list(const char *s, uint16_t default_port,
         const char *b = list_item(item, &len, &item);
         rc = parse_span(b, len, ports[i], &v[i]);
     }
-    free(ports);
+    mw__free(ports);
     if (rc) {
-        free(v);
+        mw__free(v);
         return rc;
     }
     *out = v;
@@ -706,14 +707,14 @@ int mw__addr_list_port(const char *s, uint16_t default_port, uint16_t *port, boo
     if (!s || !port || !v6)
         return -EINVAL;
     size_t items = list_items(s);
-    uint16_t *ports = calloc(items, sizeof(*ports));
+    uint16_t *ports = mw__calloc(items, sizeof(*ports));
     int rc = ports ? list_ports(s, items, default_port, ports, v6) : -ENOMEM;
     for (size_t i = 1; i < items && !rc; i++)
         if (ports[i] != ports[0])
             rc = -EINVAL;         /* two ports in one entry */
     if (!rc)
         *port = ports[0];
-    free(ports);
+    mw__free(ports);
     return rc;
 }
 

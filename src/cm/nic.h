@@ -47,7 +47,7 @@ struct mw__nic_ndev {
 
 /**
  * mw__nic_list() - the IPv4/IPv6 addresses of netdevs carrying an RDMA device.
- * @out: receives a malloc'd array (NULL when empty); the caller free()s it.
+ * @out: receives a malloc'd array (NULL when empty); the caller mw__free()s it.
  * @n:   receives its length, possibly 0.
  *
  * Devices are rdma_cm's (rdma_get_devices: opened once a process), their
@@ -113,7 +113,7 @@ int mw__parse_addr(const char *s, uint16_t default_port, struct sockaddr_storage
  * port must be bracketed).  An address without a port takes the port of
  * the next address written with one ("A,B:7480": both on 7480); with none
  * after it, @default_port.
- * @out: receives a malloc'd array the caller free()s (NULL on error).
+ * @out: receives a malloc'd array the caller mw__free()s (NULL on error).
  * Return: 0 or mw__parse_addr()'s error for the first bad item.
  */
 int mw__parse_addr_list(const char *s, uint16_t default_port,

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
+#include "core/alloc.h"
 #include "core/future.h"
 #include "core/op.h"
 
@@ -61,7 +62,7 @@ static void xfer_free(struct mw__conn *c, struct mw__xfer *x)
     mw__list_del(&x->link);
     if (x->kind == MW__XFER_RDMA)
         mw__op_put(c->ctx, ((struct mw__rdma *)x)->op);
-    free(x);
+    mw__free(x);
 }
 
 void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, int err)

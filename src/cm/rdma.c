@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "cm/cm.h"
+#include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
@@ -41,7 +42,7 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
     int rc = mw__mem_keys(c->ctx, c->dev, addr, len, &lkey, &rkey);
     if (rc < 0)
         return rc;                /* not registered memory: -EFAULT */
-    struct mw__export *e = calloc(1, sizeof *e);
+    struct mw__export *e = mw__calloc(1, sizeof *e);
     if (!e)
         return -ENOMEM;
     errno = 0;
@@ -49,7 +50,7 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
                                                   IBV_ACCESS_REMOTE_READ);
     if (!e->mr) {
         rc = errno ? -errno : -ENOMEM;
-        free(e);
+        mw__free(e);
         return rc;
     }
     c->ctx->stats.registrations++;
@@ -66,7 +67,7 @@ void mw__rdma_drop_exports(struct mw__conn *c)
         c->exports = e->next;
         ibv_dereg_mr(e->mr);
         c->ctx->stats.deregistrations++;
-        free(e);
+        mw__free(e);
     }
 }
 
@@ -192,9 +193,9 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
         rc = -EFAULT;
         why = "local memory not registered (use mw_alloc or mw_reg)";
     }
-    struct mw__rdma *r = rc ? NULL : calloc(1, sizeof *r);
+    struct mw__rdma *r = rc ? NULL : mw__calloc(1, sizeof *r);
     if (rc == 0 && (!r || !(r->op = mw__op_get(c->ctx, on_chunk_done, NULL, c)))) {
-        free(r);
+        mw__free(r);
         rc = -ENOMEM;
         why = "no memory";
     }

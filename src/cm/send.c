@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cm/cm.h"
+#include "core/alloc.h"
 #include "core/cq.h"
 #include "core/future.h"
 #include "core/mem.h"
@@ -171,7 +172,7 @@ mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
                        (unsigned long long)c->peer.max_msg);
         return f;
     }
-    struct mw__send *s = calloc(1, sizeof *s);
+    struct mw__send *s = mw__calloc(1, sizeof *s);
     if (!s) {
         mw_future_fail(f, -ENOMEM, "no memory");
         return f;

@@ -10,6 +10,7 @@
 #include "coll/exec.h"
 #include "coll/reduce.h"
 #include "coll/sched.h"
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/future.h"
 #include "core/mem.h"
@@ -160,9 +161,11 @@ static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind,
         mw_future_fail(f, comm->err, "%s: %s", mw__coll_name(kind), comm->why);
         return f;
     }
-    struct mw__run *k = calloc(1, sizeof *k);
-    if (!k) {
+    struct mw__run *k = mw__calloc(1, sizeof *k);
+    if (!k) {                     /* as below: nobody can go on */
         mw_future_fail(f, -ENOMEM, "%s: no memory", mw__coll_name(kind));
+        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, -ENOMEM, "%s failed on rank %d "
+                       "before it started: no memory", mw__coll_name(kind), comm->rank);
         return f;
     }
     *k = (struct mw__run){.comm = comm, .dt = dt, .op = op, .esz = mw_dtype_size(dt)};

@@ -16,6 +16,7 @@
 #include "cm/nic.h"
 #include "coll/comm.h"
 #include "coll/sched.h"
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/future.h"
 #include "core/handle.h"
@@ -99,12 +100,12 @@ void mw__comm_unref(struct mw__comm *comm)
         return;
     for (int r = 0; r < comm->nranks; r++) {
         mw_free(comm->ctx, comm->peers[r].scratch);
-        free(comm->peers[r].imm);
+        mw__free(comm->peers[r].imm);
     }
     if (comm->deadline)
         event_free(comm->deadline);
-    free(comm->peers);
-    free(comm);
+    mw__free(comm->peers);
+    mw__free(comm);
 }
 
 /* --- liveness ------------------------------------------------------------ */
@@ -123,6 +124,7 @@ void mw__peer_gone(struct mw__peer *p, int err, const char *why)
 struct mw__watch {
     struct mw__peer *p;           /* NULL once the communicator let go */
     mw_future_t *f;
+    struct mw__cb cb;
 };
 
 /* No messages travel after the hello: a receive completing means the peer
@@ -142,20 +144,22 @@ static void on_watch(mw_future_t *f, void *arg)
     if (mw_future_state(f) == MW_FUTURE_DONE)
         mw_msg_free(mw_future_value(f));
     mw_future_unref(f);
-    free(w);
+    mw__free(w);
 }
 
 static void watch(struct mw__peer *p)
 {
-    struct mw__watch *w = malloc(sizeof *w);
-    if (!w)
-        return;
-    *w = (struct mw__watch){p, mw_recv(p->conn)};
-    if (!w->f || mw_future_then(w->f, on_watch, w) < 0) {
-        mw_future_unref(w->f);
-        free(w);
+    struct mw__watch *w = mw__malloc(sizeof *w);
+    mw_future_t *f = w ? mw_recv(p->conn) : NULL;
+    if (!f || mw_future_error(f) == -ENOMEM) {   /* its loss would go unseen */
+        if (f)
+            mw_future_unref(f);
+        mw__free(w);
+        mw__peer_gone(p, -ENOMEM, "no memory to watch the connection");
         return;
     }
+    *w = (struct mw__watch){.p = p, .f = f};
+    mw__future_then_in(f, &w->cb, on_watch, w);
     p->watch = w;
 }
 
@@ -166,32 +170,42 @@ static size_t scratch_bytes(const struct mw__comm *comm)
     return (size_t)comm->opts.slots * comm->opts.slot_size;
 }
 
-static void free_arg(mw_future_t *f, void *arg)
+/* A hello on its way: it lives until its send is done. */
+struct hello_out {
+    struct hello m;
+    struct mw__cb sent;
+};
+
+static void on_hello_sent(mw_future_t *f, void *arg)
 {
     (void)f;
-    free(arg);
+    mw__free(arg);
 }
 
 /* Our hello on @c, with the scratch @c's peer writes into (none: only to
  * tell a peer that disagrees what we are). */
 static int send_hello(struct mw__comm *comm, mw_conn_t *c, uint8_t *scratch)
 {
-    struct hello *m = malloc(sizeof *m);         /* lives until the send is done */
-    if (!m)
+    struct hello_out *o = mw__malloc(sizeof *o);
+    if (!o)
         return -ENOMEM;
-    *m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
-                        .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
-                        .slot_size = comm->opts.slot_size,
-                        .algo = (uint32_t)comm->allreduce_algo, .job = comm->job};
-    int rc = scratch ? mw_mem_export(c, scratch, scratch_bytes(comm), &m->scratch) : 0;
-    mw_future_t *f = rc ? NULL : mw_send(c, m, sizeof *m);
+    o->m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
+                          .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
+                          .slot_size = comm->opts.slot_size,
+                          .algo = (uint32_t)comm->allreduce_algo, .job = comm->job};
+    int rc = scratch ? mw_mem_export(c, scratch, scratch_bytes(comm), &o->m.scratch) : 0;
+    mw_future_t *f = rc ? NULL : mw_send(c, &o->m, sizeof o->m);
     if (!f) {
-        free(m);
+        mw__free(o);
         return rc ? rc : -ENOMEM;
     }
-    mw_future_then(f, free_arg, m);
+    rc = mw_future_error(f) == -ENOMEM ? -ENOMEM : 0;
+    if (rc)                       /* refused at once: no hello will go */
+        mw__free(o);
+    else                          /* a failure of the connection is seen by the receive */
+        mw__future_then_in(f, &o->sent, on_hello_sent, o);
     mw_future_unref(f);
-    return 0;
+    return rc;
 }
 
 /* What is wrong with a peer's hello, or NULL.  *@ours: it is a rank of this
@@ -227,6 +241,10 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
     p->remote = h->scratch;
     p->ready = true;
     watch(p);
+    if (p->gone) {
+        mw__comm_fail(comm, p->gone, "%s", p->gone_why);
+        return;
+    }
     if (++comm->ready == comm->nranks - 1 && comm->create_f) {
         event_del(comm->deadline);
         mw_future_t *f = comm->create_f;
@@ -244,7 +262,7 @@ static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
         return -EEXIST;
     p->conn = c;
     p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm));
-    p->imm = calloc(comm->opts.slots, sizeof *p->imm);
+    p->imm = mw__calloc(comm->opts.slots, sizeof *p->imm);
     if (!p->scratch || !p->imm)
         return -ENOMEM;
     /* Now, not when its hello is read: the peer may finish creating the
@@ -259,12 +277,14 @@ static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
 struct accepting {
     struct mw__comm *comm;
     mw_conn_t *conn;
+    struct mw__cb hello;
 };
 
 struct refusal {
     struct mw__comm *comm;
     int rank;
     const char *why;              /* a literal of check_hello */
+    struct mw__cb closed;
 };
 
 static void on_refusal_closed(mw_future_t *f, void *arg)
@@ -273,7 +293,7 @@ static void on_refusal_closed(mw_future_t *f, void *arg)
     mw__comm_fail(x->comm, -EPROTO, "rank %d: %s", x->rank, x->why);
     mw__comm_unref(x->comm);
     mw_future_unref(f);
-    free(x);
+    mw__free(x);
 }
 
 /* Our hello tells rank @r why; we fail only once the close delivered it
@@ -281,17 +301,17 @@ static void on_refusal_closed(mw_future_t *f, void *arg)
  * cannot take the answer off the wire before the peer has it. */
 static void refuse_own_rank(struct mw__comm *comm, mw_conn_t *c, int r, const char *why)
 {
-    struct refusal *x = malloc(sizeof *x);
+    struct refusal *x = mw__malloc(sizeof *x);
     mw_future_t *closed = x && send_hello(comm, c, NULL) == 0 ? mw_conn_close(c) : NULL;
     if (!closed) {
-        free(x);
+        mw__free(x);
         mw_conn_abort(c);
         mw__comm_fail(comm, -EPROTO, "rank %d: %s", r, why);
         return;
     }
-    *x = (struct refusal){comm, r, why};
+    *x = (struct refusal){.comm = comm, .rank = r, .why = why};
     mw__comm_ref(comm);
-    mw_future_then(closed, on_refusal_closed, x);
+    mw__future_then_in(closed, &x->closed, on_refusal_closed, x);
 }
 
 static void on_accepted_hello(mw_future_t *f, void *arg)
@@ -320,7 +340,7 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     }
     mw_msg_free(m);
     mw_future_unref(f);
-    free(a);
+    mw__free(a);
     mw__comm_unref(comm);
 }
 
@@ -328,16 +348,16 @@ static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
 {
     (void)l;
     struct mw__comm *comm = arg;
-    struct accepting *a = malloc(sizeof *a);
+    struct accepting *a = mw__malloc(sizeof *a);
     mw_future_t *f = a ? mw_recv(c) : NULL;
     if (!f) {
-        free(a);
+        mw__free(a);
         mw_conn_abort(c);
         return;
     }
-    *a = (struct accepting){comm, c};
+    *a = (struct accepting){.comm = comm, .conn = c};
     mw__comm_ref(comm);
-    mw_future_then(f, on_accepted_hello, a);
+    mw__future_then_in(f, &a->hello, on_accepted_hello, a);
 }
 
 /* --- the ranks below: we connect to them --------------------------------- */
@@ -348,9 +368,19 @@ struct connecting {
     char addr[256];
     struct event *retry;
     struct mw__list link;         /* in comm->retrying while its timer is armed */
+    struct mw__cb connected;
 };
 
-static void try_connect(struct connecting *k);
+static int try_connect(struct connecting *k);
+
+/* The attempt is over: let go of its record and its reference. */
+static void drop_connecting(struct connecting *k)
+{
+    struct mw__comm *comm = k->comm;
+    event_free(k->retry);
+    mw__free(k);
+    mw__comm_unref(comm);
+}
 
 static void on_peer_hello(mw_future_t *f, void *arg)
 {
@@ -386,7 +416,7 @@ static void on_connected(mw_future_t *f, void *arg)
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
         } else {
             mw__comm_ref(comm);
-            mw_future_then(h, on_peer_hello, p);
+            mw__future_then_in(h, &p->hello, on_peer_hello, p);
         }
     } else if (comm->create_f && !mw__comm_freed(comm)) {   /* not up yet: again shortly */
         MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
@@ -397,9 +427,7 @@ static void on_connected(mw_future_t *f, void *arg)
         return;
     }
     mw_future_unref(f);
-    event_free(k->retry);
-    free(k);
-    mw__comm_unref(comm);
+    drop_connecting(k);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -408,7 +436,10 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct connecting *k = arg;
     mw__list_del(&k->link);
-    try_connect(k);
+    if (try_connect(k) < 0) {
+        mw__comm_fail(k->comm, -ENOMEM, "cannot connect to rank %d: no memory", k->rank);
+        drop_connecting(k);
+    }
 }
 
 /* A freed communicator retries nothing; a timer armed at the context's
@@ -418,17 +449,17 @@ static void drop_retries(struct mw__comm *comm)
     while (!mw__list_empty(&comm->retrying)) {
         struct connecting *k = mw__container_of(comm->retrying.next, struct connecting, link);
         mw__list_del(&k->link);
-        event_free(k->retry);
-        free(k);
-        mw__comm_unref(comm);     /* the owner's reference is still held */
+        drop_connecting(k);       /* the owner's reference is still held */
     }
 }
 
-static void try_connect(struct connecting *k)
+static int try_connect(struct connecting *k)
 {
     mw_future_t *f = mw_connect(k->comm->ctx, k->addr, &k->comm->opts.conn);
-    if (f)
-        mw_future_then(f, on_connected, k);
+    if (!f)
+        return -ENOMEM;
+    mw__future_then_in(f, &k->connected, on_connected, k);
+    return 0;
 }
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
@@ -445,33 +476,38 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Where this rank listens: every local address, on its entry's port. */
-static void own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
+static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t cap)
 {
-    uint16_t port;
-    bool v6;
-    mw__addr_list_port(entry, (uint16_t)dflt, &port, &v6);   /* checked at creation */
+    uint16_t port = 0;
+    bool v6 = false;
+    int rc = mw__addr_list_port(entry, (uint16_t)dflt, &port, &v6); /* only -ENOMEM now */
     snprintf(buf, cap, v6 ? "[::]:%u" : "*:%u", (unsigned)port);
+    return rc;
 }
 
 static int start(struct mw__comm *comm, const char *const *peers)
 {
     char la[64];
-    own_listen_addr(peers[comm->rank], comm->opts.conn.default_port, la, sizeof la);
-    int rc = mw_listen(comm->ctx, la, &comm->opts.conn, on_accept, comm, &comm->listener);
+    int rc = own_listen_addr(peers[comm->rank], comm->opts.conn.default_port, la, sizeof la);
+    if (rc == 0)
+        rc = mw_listen(comm->ctx, la, &comm->opts.conn, on_accept, comm, &comm->listener);
     if (rc < 0)
         return rc;
     for (int r = 0; r < comm->rank; r++) {
-        struct connecting *k = calloc(1, sizeof *k);
+        struct connecting *k = mw__calloc(1, sizeof *k);
         if (!k)
             return -ENOMEM;
         *k = (struct connecting){.comm = comm, .rank = r};
         snprintf(k->addr, sizeof k->addr, "%s", peers[r]);
         if (!(k->retry = evtimer_new(comm->ctx->base, on_retry, k))) {
-            free(k);
+            mw__free(k);
             return -ENOMEM;
         }
         mw__comm_ref(comm);
-        try_connect(k);
+        if (try_connect(k) < 0) {
+            drop_connecting(k);
+            return -ENOMEM;
+        }
     }
     struct timeval tv = {comm->opts.timeout_ms / 1000, (comm->opts.timeout_ms % 1000) * 1000};
     return mw__ev_add(comm->ctx, comm->deadline, &tv);
@@ -497,14 +533,14 @@ static void colls_teardown(mw_ctx_t *ctx, void *state)
     struct colls *cl = state;
     while (!mw__list_empty(&cl->comms))       /* release() unlinks each */
         comm_close(mw__container_of(cl->comms.next, struct mw__comm, link), "context closed");
-    free(cl);
+    mw__free(cl);
     ctx->layers[MW__LAYER_COLL] = (struct mw__layer){0};
 }
 
 static struct colls *colls_get(mw_ctx_t *ctx)
 {
     struct colls *cl = ctx->layers[MW__LAYER_COLL].state;
-    if (!cl && (cl = calloc(1, sizeof *cl))) {
+    if (!cl && (cl = mw__calloc(1, sizeof *cl))) {
         mw__list_init(&cl->comms);
         ctx->layers[MW__LAYER_COLL] = (struct mw__layer){cl, colls_teardown, NULL, NULL};
     }
@@ -515,12 +551,12 @@ static struct colls *colls_get(mw_ctx_t *ctx)
 static struct mw__comm *comm_new(mw_ctx_t *ctx, int rank, int nranks, const mw_comm_opts_t *opts)
 {
     struct colls *cl = colls_get(ctx);
-    struct mw__comm *comm = cl ? calloc(1, sizeof *comm) : NULL;
-    if (!comm || !(comm->peers = calloc(nranks, sizeof *comm->peers)) ||
+    struct mw__comm *comm = cl ? mw__calloc(1, sizeof *comm) : NULL;
+    if (!comm || !(comm->peers = mw__calloc(nranks, sizeof *comm->peers)) ||
         !(comm->h = mw__handle_new(MW__H_COMM, comm, mw__loop_thread(ctx)))) {
         if (comm)
-            free(comm->peers);
-        free(comm);
+            mw__free(comm->peers);
+        mw__free(comm);
         return NULL;
     }
     comm->ctx = ctx;
@@ -628,7 +664,12 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
             mw_future_fail(f, -EINVAL, "no address for rank %d", r);
             return f;
         }
-        if (dflt > 65535 || mw__addr_list_port(peers[r], (uint16_t)dflt, &port, &v6) < 0) {
+        int bad = dflt > 65535 ? -EINVAL : mw__addr_list_port(peers[r], (uint16_t)dflt, &port, &v6);
+        if (bad == -ENOMEM) {
+            mw_future_fail(f, -ENOMEM, "no memory");
+            return f;
+        }
+        if (bad < 0) {
             mw_future_fail(f, -EINVAL, "rank %d's entry \"%s\" is malformed or names two "
                            "ports (one port per rank: \"ADDR[,ADDR...][:PORT]\")", r, peers[r]);
             return f;

@@ -8,6 +8,7 @@
 
 #include "meshwire.h"
 #include "core/ctx.h"
+#include "core/future.h"
 #include "core/list.h"
 
 struct mw__run;
@@ -33,6 +34,7 @@ struct mw__peer {
     uint32_t unacked;             /* of those taken, not yet acked to it */
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
+    struct mw__cb hello;          /* waits for its hello */
     bool ready;
     int gone;                     /* why the peer is unreachable (0: it is not) */
     char gone_why[160];

@@ -18,7 +18,9 @@
 #include "coll/exec.h"
 #include "coll/reduce.h"
 #include "coll/sched.h"
+#include "core/alloc.h"
 #include "core/ctx.h"
+#include "core/future.h"
 
 /* Immediates with bit 31 set are control, not data: an ack frees as many
  * slots as its bits 0..23 say; an abort says the sender broke the
@@ -64,7 +66,7 @@ void mw__coll_discard(struct mw__run *k)
         mw_dereg(comm->ctx, k->mr_in);
     if (k->mr_out)
         mw_dereg(comm->ctx, k->mr_out);
-    free(k);
+    mw__free(k);
 }
 
 /* The run is over and nothing of it is in flight: its future completes,
@@ -177,6 +179,7 @@ static int start_step(struct mw__run *k)
 struct chunk {
     struct mw__peer *p;
     struct mw__run *k;
+    struct mw__cb written;
 };
 
 /* A chunk's write completed: the peer's count moves on, and a run that
@@ -187,7 +190,7 @@ static void on_chunk_written(mw_future_t *f, void *arg)
     struct mw__peer *p = ch->p;
     struct mw__run *k = ch->k;
     struct mw__comm *comm = p->comm;
-    free(ch);
+    mw__free(ch);
     if (mw_future_error(f))
         mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     else
@@ -206,7 +209,9 @@ static bool sends_done(const struct mw__run *k)
            (k->s_posted == k->s_chunks && k->comm->peers[st->send_to].written >= k->s_base + k->s_chunks);
 }
 
-static void post_sends(struct mw__run *k)
+/* False when a write could not even start (no memory): the communicator
+ * broke, and @k is finished. */
+static bool post_sends(struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
     struct mw__peer *p = &k->comm->peers[st->send_to];
@@ -214,37 +219,55 @@ static void post_sends(struct mw__run *k)
         size_t off = k->s_posted * k->chunk_elems;
         size_t n = st->send_len - off < k->chunk_elems ? st->send_len - off : k->chunk_elems;
         uint64_t slot = p->sent % k->comm->opts.slots;
-        struct chunk *ch = malloc(sizeof *ch);
+        struct chunk *ch = mw__malloc(sizeof *ch);
         mw_future_t *f = ch ? mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL,
                                            n * k->esz, &p->remote,
                                            slot * k->comm->opts.slot_size, imm_of(k, k->step))
                             : NULL;
-        if (!f || mw_future_then(f, on_chunk_written, ch) < 0) {
-            free(ch);
-            mw_future_unref(f);
-            mw__comm_abort(k->comm, MW__ABORT_OTHER, k->comm->rank, -ENOMEM, "no memory");
-            return;
+        if (!f || mw_future_error(f) == -ENOMEM) {
+            /* Not the peer's doing: tell it too, as every rank (a failure
+             * of the connection shows in on_chunk_written). */
+            int err = -ENOMEM;
+            mw__free(ch);
+            if (f)
+                mw_future_unref(f);
+            mw__comm_abort(k->comm, MW__ABORT_OTHER, k->comm->rank, err,
+                           "cannot write to rank %d: %s", p->rank, mw_strerror(err));
+            return false;
         }
-        *ch = (struct chunk){p, k};
+        *ch = (struct chunk){.p = p, .k = k};
+        mw__future_then_in(f, &ch->written, on_chunk_written, ch);
         p->sent++;
         k->s_posted++;
         k->writes_out++;
         mw__comm_ref(k->comm);
         mw_future_unref(f);
     }
+    return true;
 }
 
 /* Ack what was taken from @p once half its slots are: then the sender has
  * always at least half its slots free, so a chunk this rank waits for can
  * always be sent (everything before it was taken, and under half of that
  * is unacked). */
-static void ack_taken(struct mw__peer *p)
+static bool ack_taken(struct mw__peer *p)
 {
     if (p->unacked < (p->comm->opts.slots + 1) / 2)
-        return;
+        return true;
     mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK | p->unacked);
-    mw_future_unref(f);           /* a failure fails the connection, and the watch sees it */
+    /* A failure of the connection is the watch's to see (the peer may just
+     * have finished and left); no memory would leave the peer waiting for
+     * its slots. */
+    bool no_memory = !f || mw_future_error(f) == -ENOMEM;
+    if (f)
+        mw_future_unref(f);
+    if (no_memory) {
+        mw__comm_abort(p->comm, MW__ABORT_OTHER, p->comm->rank, -ENOMEM,
+                       "cannot ack rank %d: no memory", p->rank);
+        return false;
+    }
     p->unacked = 0;
+    return true;
 }
 
 static void on_resume(struct mw__task *t)
@@ -264,7 +287,8 @@ static void resume_later(struct mw__comm *comm)
     mw__defer(comm->ctx, &comm->resume);
 }
 
-/* Apply what has arrived from this step's peer; false on a mismatch.
+/* Apply what has arrived from this step's peer; false on a mismatch (or
+ * an ack that cannot go).
  * Reducing a chunk costs milliseconds under emulation: within the turn's
  * work budget (mw__turn_may), the rest on a later turn. */
 static bool take_receives(struct mw__run *k)
@@ -296,8 +320,7 @@ static bool take_receives(struct mw__run *k)
         p->unacked++;
         k->r_done++;
     }
-    ack_taken(p);
-    return true;
+    return ack_taken(p);
 }
 
 static void local_copy(struct mw__run *k)
@@ -341,8 +364,8 @@ static bool advance_one(struct mw__run *k)
                            lost->gone_why);
             return true;
         }
-        if (st->send_to >= 0)
-            post_sends(k);
+        if (st->send_to >= 0 && !post_sends(k))
+            return true;          /* failed: finish() ran through mw__comm_abort */
         if (st->recv_from >= 0 && !take_receives(k))
             return true;          /* failed: finish() ran through mw__comm_abort */
         if (!sends_done(k) || k->r_done < k->r_chunks)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "coll/launch.h"
+#include "core/alloc.h"
 
 #define MAX_RANKS 65536
 #define MAX_SLOTS 1024
@@ -31,8 +32,8 @@ static int fail(char *why, size_t cap, int err, const char *fmt, ...)
 void mw__peer_list_free(char **peers, int n)
 {
     for (int i = 0; i < n && peers; i++)
-        free(peers[i]);
-    free(peers);
+        mw__free(peers[i]);
+    mw__free(peers);
 }
 
 /* Does @entry end in ":PORT"?  ("[v6]:p", "v4:p", "name:p"; a bare v6
@@ -62,13 +63,13 @@ static int add(struct list *l, const char *entry, size_t len)
         return -E2BIG;
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 16;
-        char **v = realloc(l->v, cap * sizeof *v);
+        char **v = mw__realloc(l->v, cap * sizeof *v);
         if (!v)
             return -ENOMEM;
         l->v = v;
         l->cap = cap;
     }
-    char *e = malloc(len + 8);
+    char *e = mw__malloc(len + 8);
     if (!e)
         return -ENOMEM;
     memcpy(e, entry, len);
@@ -78,7 +79,7 @@ static int add(struct list *l, const char *entry, size_t len)
         for (int i = 0; i < l->n; i++)
             same += !strncmp(l->v[i], e, len) && l->v[i][len] == ':';
         if (l->base_port + same > 65535) {
-            free(e);
+            mw__free(e);
             return -ERANGE;
         }
         snprintf(e + len, 8, ":%u", l->base_port + same);
@@ -185,14 +186,14 @@ static char *read_file(const char *path, char *why, size_t cap)
         fail(why, cap, -errno, "cannot open MW_HOSTFILE %s: %s", path, strerror(errno));
         return NULL;
     }
-    char *text = malloc(MAX_HOSTFILE + 1);
+    char *text = mw__malloc(MAX_HOSTFILE + 1);
     size_t len = text ? fread(text, 1, MAX_HOSTFILE + 1, f) : 0;
     bool bad = !text || ferror(f) || len > MAX_HOSTFILE;
     fclose(f);
     if (bad) {
         fail(why, cap, -EINVAL, "cannot read MW_HOSTFILE %s (or larger than %u bytes)", path,
              MAX_HOSTFILE);
-        free(text);
+        mw__free(text);
         return NULL;
     }
     text[len] = 0;
@@ -238,7 +239,7 @@ int mw__launch_from_env(unsigned default_port, struct mw__launch *out, char *why
     }
     char sub[160];
     rc = mw__peer_list_parse(list, base, &out->peers, &out->nranks, sub, sizeof sub);
-    free(text);
+    mw__free(text);
     if (rc)
         return fail(why, cap, rc, "%s: %s", hostfile && *hostfile ? hostfile : "MW_PEERS", sub);
     if (size >= 0 && size != out->nranks)

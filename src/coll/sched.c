@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll/sched.h"
+#include "core/alloc.h"
 
 /* ------------------------------------------------------------------------
  * Rank arithmetic (nranks <= MW__SCHED_MAX_RANKS keeps all of it in int)
@@ -526,7 +527,7 @@ int mw__sched_build(enum mw__coll_kind kind, enum mw__algo algo, int nranks, int
         return -EINVAL;
     out->nsteps = count_steps(kind, a, nranks, count);
     if (out->nsteps > 0) {
-        out->steps = calloc((size_t)out->nsteps, sizeof *out->steps);
+        out->steps = mw__calloc((size_t)out->nsteps, sizeof *out->steps);
         if (!out->steps) {
             out->nsteps = 0;
             return -ENOMEM;
@@ -548,7 +549,7 @@ int mw__sched_build(enum mw__coll_kind kind, enum mw__algo algo, int nranks, int
 
 void mw__sched_free(struct mw__sched *s)
 {
-    free(s->steps);
+    mw__free(s->steps);
     memset(s, 0, sizeof *s);
 }
 

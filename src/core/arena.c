@@ -24,6 +24,7 @@
 
 #include <jemalloc/jemalloc.h>
 
+#include "core/alloc.h"
 #include "core/region.h"
 
 struct mw__arena {
@@ -94,13 +95,13 @@ static void *map_new(struct mw__arena *a, size_t size, size_t align)
         a->ev.err = -ENOMEM;
         return NULL;
     }
-    struct map *mp = calloc(1, sizeof *mp);
+    struct map *mp = mw__calloc(1, sizeof *mp);
     int rc = mp ? mw__rindex_reserve(&m->arena_ix, m->arena_ix.n + 1) : -ENOMEM;
     if (!rc)
         rc = mw__region_init(&m->rg, &mp->r, (uintptr_t)p, len);
     if (rc < 0) {
         /* Not registered with every device: useless for RDMA, give it back. */
-        free(mp);
+        mw__free(mp);
         munmap(p, len);
         a->ev.err = rc;
         return NULL;
@@ -125,7 +126,7 @@ static void map_release(struct mw__arena *a, struct mw__mem *m, struct map *mp,
         a->ev.err = rc;
     if (unmap)
         munmap(p, len);
-    free(mp);
+    mw__free(mp);
     a->ev.unmaps++;
     a->ev.unbytes += len;
 }
@@ -294,7 +295,7 @@ static void release_maps(struct mw__arena *a, struct mw__mem *m, bool unmap)
 
 static int arena_create(struct mw__mem *m)
 {
-    struct mw__arena *a = calloc(1, sizeof *a);
+    struct mw__arena *a = mw__calloc(1, sizeof *a);
     if (!a)
         return -ENOMEM;
     a->hooks = (extent_hooks_t){
@@ -324,7 +325,7 @@ static int arena_create(struct mw__mem *m)
         MW_LOG(m->ctx, MW_LOG_WARN, "jemalloc arenas.create failed: %s", mw_strerror(rc));
         release_maps(a, m, true);
         m->arena = NULL;
-        free(a);
+        mw__free(a);
         return err;
     }
     tune(a);
@@ -407,5 +408,5 @@ void mw__arena_destroy(struct mw__mem *m)
     if (rc)
         a->mem = NULL;
     else
-        free(a);
+        mw__free(a);
 }

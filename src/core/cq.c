@@ -6,6 +6,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/cq.h"
 #include "core/op.h"
 
@@ -191,7 +192,7 @@ const struct mw__cq_driver mw__verbs_cq_driver = {
 
 int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp)
 {
-    struct mw__cq *cq = calloc(1, sizeof *cq);
+    struct mw__cq *cq = mw__calloc(1, sizeof *cq);
     struct ibv_comp_channel *ch = NULL;
     struct ibv_cq *vcq = NULL;
     int rc = -ENOMEM;
@@ -217,7 +218,7 @@ fail:
         ibv_destroy_cq(vcq);
     if (ch)
         ibv_destroy_comp_channel(ch);
-    free(cq);
+    mw__free(cq);
     return rc;
 }
 
@@ -228,7 +229,7 @@ void mw__cq_close(struct mw__cq *cq)
     mw__cq_stop(cq);                  /* acks first: destroy waits for them */
     ibv_destroy_cq(cq->cq);
     ibv_destroy_comp_channel(cq->chan);
-    free(cq);
+    mw__free(cq);
 }
 
 int mw__wc_errno(enum ibv_wc_status status)

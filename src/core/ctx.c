@@ -6,6 +6,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/future.h"
@@ -89,7 +90,7 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
 {
     if (!ctxp)
         return -EINVAL;
-    mw_ctx_t *ctx = calloc(1, sizeof *ctx);
+    mw_ctx_t *ctx = mw__calloc(1, sizeof *ctx);
     if (!ctx)
         return -ENOMEM;
     int rc = -ENOMEM;
@@ -153,7 +154,7 @@ void mw_ctx_free(mw_ctx_t *ctx)
         event_free(ctx->defer_ev);
     if (ctx->own_base)
         event_base_free(ctx->base);
-    free(ctx);
+    mw__free(ctx);
 }
 
 struct event_base *mw_ctx_base(mw_ctx_t *ctx)

@@ -7,6 +7,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/mem.h"
@@ -69,7 +70,7 @@ static void dev_release(struct mw__dev *dev)
 static void dev_close(struct mw__dev *dev)
 {
     dev_release(dev);
-    free(dev);
+    mw__free(dev);
 }
 
 struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs)
@@ -164,7 +165,7 @@ static int watch_async(mw_ctx_t *ctx, struct mw__dev *dev)
 
 static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct mw__dev **devp)
 {
-    struct mw__dev *dev = calloc(1, sizeof *dev);
+    struct mw__dev *dev = mw__calloc(1, sizeof *dev);
     if (!dev)
         return -ENOMEM;
     dev->ctx = ctx;
@@ -254,10 +255,10 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
         *devp = known;
         return 0;
     }
-    if (!ctx->devs && !(ctx->devs = calloc(1, sizeof *ctx->devs)))
+    if (!ctx->devs && !(ctx->devs = mw__calloc(1, sizeof *ctx->devs)))
         return -ENOMEM;
     struct mw__devs *d = ctx->devs;
-    struct mw__dev **v = realloc(d->v, (d->n + 1) * sizeof *v);
+    struct mw__dev **v = mw__realloc(d->v, (d->n + 1) * sizeof *v);
     if (!v)
         return -ENOMEM;
     d->v = v;
@@ -291,8 +292,8 @@ void mw__devs_free(mw_ctx_t *ctx)
         return;
     for (int i = d->n; i-- > 0;)
         dev_close(d->v[i]);
-    free(d->v);
-    free(d);
+    mw__free(d->v);
+    mw__free(d);
     ctx->devs = NULL;
 }
 

@@ -9,22 +9,15 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/future.h"
 #include "core/handle.h"
 
-/* A registered callback.  It holds a reference on its future until it has
- * run, so every callback runs exactly once: when the future completes, or
- * at the context's teardown, which fails what is still pending.  Nodes
- * from mw_future_then() are malloc'd and freed by whoever drops them;
- * chain/all embed theirs in their own state so that registering cannot
- * fail halfway through. */
-struct mw__cb {
-    struct mw__cb *next;
-    mw_then_fn fn;
-    void *arg;
-    bool heap;
-};
+/* A registered callback (struct mw__cb, future.h) holds a reference on its
+ * future until it has run, so every callback runs exactly once: when the
+ * future completes, or at the context's teardown, which fails what is
+ * still pending. */
 
 struct mw__future {
     uint64_t h;                   /* the handle callers hold */
@@ -76,11 +69,11 @@ mw_future_t *mw_future_new(mw_ctx_t *ctx)
         errno = EPERM;
         return NULL;
     }
-    struct mw__future *f = calloc(1, sizeof *f);
+    struct mw__future *f = mw__calloc(1, sizeof *f);
     if (!f)
         return NULL;
     if (!(f->h = mw__handle_new(MW__H_FUTURE, f, mw__loop_thread(ctx)))) {
-        free(f);
+        mw__free(f);
         return NULL;
     }
     f->ctx = ctx;
@@ -120,7 +113,7 @@ static void drop_callbacks(struct mw__future *f)
     for (struct mw__cb *c = f->cb_head, *next; c; c = next) {
         next = c->next;
         if (c->heap)
-            free(c);
+            mw__free(c);
         n++;
     }
     f->cb_head = NULL;
@@ -142,13 +135,13 @@ static void future_unref(struct mw__future *f)
         mw__defer_cancel(f->ctx, &f->task);   /* queued: only after an unref too many */
     if (f->timer)
         event_free(f->timer);
-    free(f->msg);
+    mw__free(f->msg);
     /* A detached future must not touch the ctx: it has been freed. */
     if (f->ctx) {
         mw__list_del(&f->link);
         f->ctx->stats.futures_live--;
     }
-    free(f);
+    mw__free(f);
 }
 
 int mw_future_unref(mw_future_t *h)
@@ -212,8 +205,14 @@ static void record_failure(struct mw__future *f, int err, const char *fmt, va_li
     f->err = err;
     /* On out of memory the message falls back to the errno's name rather
      * than a truncated or missing text. */
-    if (fmt && vasprintf(&f->msg, fmt, ap) < 0)
-        f->msg = NULL;
+    if (!fmt)
+        return;
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    if (n >= 0 && (f->msg = mw__malloc((size_t)n + 1)))
+        vsnprintf(f->msg, (size_t)n + 1, fmt, again);
+    va_end(again);
 }
 
 static int fail_v(struct mw__future *f, int err, const char *fmt, va_list ap)
@@ -353,7 +352,7 @@ static void run_callbacks(struct mw__task *t)
         bool heap = c->heap;
         c->fn(handle_of(f), c->arg);
         if (heap)
-            free(c);
+            mw__free(c);
         c = next;
         future_unref(f);          /* the reference that callback held */
     }
@@ -380,10 +379,23 @@ int mw_future_then(mw_future_t *h, mw_then_fn cb, void *arg)
         return -EINVAL;
     if (!f->ctx)
         return -ESHUTDOWN;
-    struct mw__cb *c = malloc(sizeof *c);
+    struct mw__cb *c = mw__malloc(sizeof *c);
     if (!c)
         return -ENOMEM;
     *c = (struct mw__cb){.fn = cb, .arg = arg, .heap = true};
+    add_callback(f, c);
+    return 0;
+}
+
+int mw__future_then_in(mw_future_t *h, struct mw__cb *c, mw_then_fn cb, void *arg)
+{
+    int err;
+    struct mw__future *f = future_of(h, __func__, &err);
+    if (!f)
+        return err;
+    if (!f->ctx)
+        return -ESHUTDOWN;
+    *c = (struct mw__cb){.fn = cb, .arg = arg};
     add_callback(f, c);
     return 0;
 }
@@ -404,7 +416,7 @@ static void chain_release(struct chain *c)
 {
     mw_future_unref(c->g);
     mw_future_unref(c->r);
-    free(c);
+    mw__free(c);
 }
 
 /* R cancelled or timed out: stop the step the chain owns, and fail R once
@@ -472,10 +484,10 @@ mw_future_t *mw_future_chain(mw_future_t *h, mw_chain_fn fn, void *arg)
         errno = !f ? -err : !fn ? EINVAL : ESHUTDOWN;
         return NULL;
     }
-    struct chain *c = calloc(1, sizeof *c);
+    struct chain *c = mw__calloc(1, sizeof *c);
     mw_future_t *r = mw_future_new(f->ctx);
     if (!c || !r) {
-        free(c);
+        mw__free(c);
         mw_future_unref(r);
         return NULL;
     }
@@ -518,7 +530,7 @@ static void all_on_member(mw_future_t *f, void *arg)
         mw_future_resolve(a->r, NULL);
     if (--a->live == 0) {
         mw_future_unref(a->r);
-        free(a);
+        mw__free(a);
     }
 }
 
@@ -551,7 +563,7 @@ mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size_t n)
         mw_future_resolve(r, NULL); /* callbacks still wait for the loop */
         return r;
     }
-    struct all *a = calloc(1, sizeof *a + n * sizeof a->m[0]);
+    struct all *a = mw__calloc(1, sizeof *a + n * sizeof a->m[0]);
     if (!a) {
         mw_future_unref(r);
         return NULL;

@@ -4,6 +4,21 @@
 
 #include "core/ctx.h"
 
+/* A callback record.  mw_future_then() allocates one (heap); internal
+ * users embed theirs in their own state (chain, all, the communicator's
+ * handshake), so that registering cannot fail. */
+struct mw__cb {
+    struct mw__cb *next;
+    mw_then_fn fn;
+    void *arg;
+    bool heap;
+};
+
+/* mw__future_then_in() - mw_future_then() with the record @c embedded in
+ * the caller's state, which must live until @fn(f, arg) ran: nothing is
+ * allocated.  Return 0, or the refusal of @f (-ESTALE, -ESHUTDOWN). */
+int mw__future_then_in(mw_future_t *f, struct mw__cb *c, mw_then_fn fn, void *arg);
+
 /* mw__future_on_cancel() - @fn(f, arg) runs once, instead of @f failing at
  * once, when someone other than the operation ends @f: mw_future_cancel(),
  * its deadline, or the context's teardown.  The failure (-ECANCELED,

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/handle.h"
 
@@ -58,7 +59,7 @@ static bool grow(void)
 {
     if (nchunks >= MAX_CHUNKS)
         return false;
-    struct hslot *c = calloc(CHUNK, sizeof *c);
+    struct hslot *c = mw__calloc_forever(CHUNK, sizeof *c);
     if (!c)
         return false;
     uint32_t base = nchunks * CHUNK;

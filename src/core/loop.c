@@ -24,6 +24,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/future.h"
 
@@ -90,7 +91,7 @@ static void heap_push(struct mw__loop *l, uint64_t v)
 {
     if (l->nheap == l->capheap) {
         size_t cap = l->capheap ? 2 * l->capheap : 64;
-        uint64_t *h = realloc(l->heap, cap * sizeof *h);
+        uint64_t *h = mw__realloc(l->heap, cap * sizeof *h);
         if (!h)
             return;               /* the progress after the next event re-arms */
         l->heap = h;
@@ -185,7 +186,7 @@ int mw__watch_fd(mw_ctx_t *ctx, int fd)
     struct mw__loop *l = ctx->loop;
     if (l->nfds == l->capfds) {
         size_t cap = l->capfds ? 2 * l->capfds : 8;
-        int *v = realloc(l->fds, cap * sizeof *v);
+        int *v = mw__realloc(l->fds, cap * sizeof *v);
         if (!v)
             return -ENOMEM;
         l->fds = v;
@@ -296,7 +297,7 @@ static void on_posted(evutil_socket_t fd, short what, void *arg)
     while (p) {
         struct post *next = p->next;
         p->fn(ctx, p->arg);
-        free(p);
+        mw__free(p);
         p = next;
     }
 }
@@ -307,7 +308,7 @@ int mw_ctx_post(mw_ctx_t *ctx, mw_task_fn fn, void *arg)
         return -EINVAL;
     if (!ctx->loop->post_ev)
         return -ENOTSUP;
-    struct post *p = malloc(sizeof *p);
+    struct post *p = mw__malloc(sizeof *p);
     if (!p)
         return -ENOMEM;
     *p = (struct post){.fn = fn, .arg = arg};
@@ -374,7 +375,7 @@ int mw_ctx_call(mw_ctx_t *ctx, mw_start_fn fn, void *arg, void **value)
 
 int mw__loop_new(mw_ctx_t *ctx)
 {
-    struct mw__loop *l = calloc(1, sizeof *l);
+    struct mw__loop *l = mw__calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
     ctx->loop = l;
@@ -403,7 +404,7 @@ void mw__loop_free(mw_ctx_t *ctx)
     while (l->head) {             /* posted too late: they never ran */
         struct post *p = l->head;
         l->head = p->next;
-        free(p);
+        mw__free(p);
     }
     if (l->efd >= 0)
         close(l->efd);
@@ -412,8 +413,8 @@ void mw__loop_free(mw_ctx_t *ctx)
     if (l->tfd >= 0)
         close(l->tfd);
     pthread_mutex_destroy(&l->lock);
-    free(l->fds);
-    free(l->heap);
-    free(l);
+    mw__free(l->fds);
+    mw__free(l->heap);
+    mw__free(l);
     ctx->loop = NULL;
 }

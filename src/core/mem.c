@@ -8,6 +8,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "core/alloc.h"
 #include "core/handle.h"
 #include "core/region.h"
 #include "core/worker.h"
@@ -52,7 +53,7 @@ int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend)
         return -EINVAL;
     if (ctx->mem)
         return -EEXIST;
-    struct mw__mem *m = calloc(1, sizeof *m);
+    struct mw__mem *m = mw__calloc(1, sizeof *m);
     if (!m)
         return -ENOMEM;
     m->ctx = ctx;
@@ -82,7 +83,7 @@ void mw__mem_free(mw_ctx_t *ctx)
            "deregistrations", (unsigned long long)ctx->stats.registrations,
            (unsigned long long)ctx->stats.deregistrations);
     mw__registrar_fini(&m->rg);
-    free(m);
+    mw__free(m);
     ctx->mem = NULL;
 }
 
@@ -149,8 +150,8 @@ static void devreg_done(struct mw__job *j)
         mw__registrar_remove_dev(&m->rg, d->dev);
     }
     d->done(d->dev, err, d->arg);
-    free(d->e);
-    free(d);
+    mw__free(d->e);
+    mw__free(d);
 }
 
 int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
@@ -165,20 +166,20 @@ int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
         bytes += r->end - r->start;
     if (bytes <= MW__REG_INLINE_BYTES)
         return mw__mem_add_dev(ctx, dev);
-    struct devreg *d = calloc(1, sizeof *d);
+    struct devreg *d = mw__calloc(1, sizeof *d);
     if (!d)
         return -ENOMEM;
     int rc = mw__registrar_begin_dev(&m->rg, dev, &d->e, &d->n);
     if (rc < 0) {
-        free(d);
+        mw__free(d);
         return rc;
     }
     *d = (struct devreg){.job = {.work = devreg_work, .done = devreg_done}, .m = m, .dev = dev,
                          .be = m->rg.be, .e = d->e, .n = d->n, .done = done, .arg = arg};
     if ((rc = mw__worker_submit(ctx, &d->job)) < 0) {
         mw__registrar_remove_dev(&m->rg, dev);
-        free(d->e);
-        free(d);
+        mw__free(d->e);
+        mw__free(d);
         return rc;
     }
     MW_LOG(ctx, MW_LOG_DEBUG, "device %d: registering %zu region(s), %llu MiB, off the loop",
@@ -211,13 +212,13 @@ static void dereg_done(struct mw__job *j)
         d->ctx->stats.deregistrations += d->keys[i].handle != NULL;
     if (d->failed)
         MW_LOG(d->ctx, MW_LOG_WARN, "deregistering memory failed on %d device(s)", d->failed);
-    free(d->keys);
-    free(d);
+    mw__free(d->keys);
+    mw__free(d);
 }
 
 int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r)
 {
-    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? calloc(1, sizeof *d) : NULL;
+    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
     if (!d)
         return mw__region_fini(&m->rg, r);
     *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/future.h"
 #include "core/op.h"
 
@@ -23,7 +24,7 @@ struct mw__ops {
 
 int mw__ops_new(mw_ctx_t *ctx)
 {
-    ctx->ops = calloc(1, sizeof *ctx->ops);
+    ctx->ops = mw__calloc(1, sizeof *ctx->ops);
     if (!ctx->ops)
         return -ENOMEM;
     ctx->ops->free_head = UINT32_MAX;
@@ -36,9 +37,9 @@ void mw__ops_free(mw_ctx_t *ctx)
     if (!ops)
         return;
     for (uint32_t i = 0; i < ops->nchunks; i++)
-        free(ops->chunks[i]);
-    free(ops->chunks);
-    free(ops);
+        mw__free(ops->chunks[i]);
+    mw__free(ops->chunks);
+    mw__free(ops);
     ctx->ops = NULL;
 }
 
@@ -52,11 +53,11 @@ static int grow(struct mw__ops *ops)
 {
     if (ops->nchunks >= UINT32_MAX / CHUNK - 1)
         return -ENOSPC;
-    struct slot **chunks = realloc(ops->chunks, (ops->nchunks + 1) * sizeof *chunks);
+    struct slot **chunks = mw__realloc(ops->chunks, (ops->nchunks + 1) * sizeof *chunks);
     if (!chunks)
         return -ENOMEM;
     ops->chunks = chunks;
-    struct slot *c = calloc(CHUNK, sizeof *c);
+    struct slot *c = mw__calloc(CHUNK, sizeof *c);
     if (!c)
         return -ENOMEM;
     chunks[ops->nchunks] = c;

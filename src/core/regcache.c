@@ -28,6 +28,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/handle.h"
 #include "core/region.h"
 #include "core/uffd.h"
@@ -103,7 +104,7 @@ static int release(struct mw__mem *m, struct ureg *u)
     if (rc < 0)
         MW_LOG(m->ctx, MW_LOG_WARN, "mw_dereg: deregistering [%#jx, +%ju) failed: %s", start,
                len, mw_strerror(rc));
-    free(u);
+    mw__free(u);
     return rc;
 }
 
@@ -228,14 +229,14 @@ static int ureg_new(struct mw__mem *m, uintptr_t start, uintptr_t end, struct ur
     /* Room for every live region, so that putting absorbed regions back
      * into the index can never fail. */
     int rc = mw__rindex_reserve(ix, m->nuregs + 1);
-    struct ureg *u = rc ? NULL : calloc(1, sizeof *u);
+    struct ureg *u = rc ? NULL : mw__calloc(1, sizeof *u);
     if (!u)
         return -ENOMEM;
     rc = mw__region_init(&m->rg, &u->r, start, end - start);
     if (rc < 0) {
         MW_LOG(m->ctx, MW_LOG_WARN, "mw_reg: registering [%#jx, +%ju) failed: %s",
                (uintmax_t)start, (uintmax_t)(end - start), mw_strerror(rc));
-        free(u);
+        mw__free(u);
         return rc;
     }
     adopt(m, u, first, n);
@@ -267,10 +268,10 @@ static struct ureg *lookup(struct mw__mem *m, uintptr_t start, uintptr_t end, bo
 /* A handle for @u (NULL: arena memory, nothing behind it). */
 static int make_handle(struct mw__mem *m, struct ureg *u, void *addr, size_t len, mw_mr_t **mrp)
 {
-    struct mw__mr *h = calloc(1, sizeof *h);
+    struct mw__mr *h = mw__calloc(1, sizeof *h);
     uint64_t hv = h ? mw__handle_new(MW__H_MR, h, mw__loop_thread(m->ctx)) : 0;
     if (!hv) {
-        free(h);
+        mw__free(h);
         return -ENOMEM;
     }
     if (u)
@@ -337,7 +338,7 @@ int mw_dereg(mw_ctx_t *ctx, mw_mr_t *handle)
     struct ureg *u = mr->reg;
     mw__list_del(&mr->link);
     mw__handle_release(mr->h);
-    free(mr);
+    mw__free(mr);
     return u ? ureg_put(ctx->mem, u) : 0;
 }
 
@@ -388,7 +389,7 @@ static void areg_done(struct mw__job *j)
     size_t first, n = mw__rindex_overlap(&m->user_ix, a->start, a->end, &first);
     struct ureg *u = NULL;
     bool usable = !err && !n && mw__rindex_reserve(&m->user_ix, m->nuregs + 1) == 0 &&
-                  (u = calloc(1, sizeof *u)) &&
+                  (u = mw__calloc(1, sizeof *u)) &&
                   mw__region_adopt(&m->rg, &u->r, a->start, a->end - a->start, a->keys,
                                    a->ndevs) == 0;
     if (usable) {                 /* its keys are the region's now */
@@ -396,7 +397,7 @@ static void areg_done(struct mw__job *j)
         if ((err = make_handle(m, u, a->addr, a->len, &mr)) < 0)
             unheld(m, u);
     } else {
-        free(u);
+        mw__free(u);
         for (int i = 0; i < a->ndevs; i++)
             if (a->keys[i].handle) {
                 a->be.dereg(a->be.be, a->keys[i].handle);
@@ -406,9 +407,9 @@ static void areg_done(struct mw__job *j)
             err = mw_reg(m->ctx, a->addr, a->len, &mr);
     }
     a->done(a->arg, err ? NULL : mr, err);
-    free(a->keys);
-    free(a->devs);
-    free(a);
+    mw__free(a->keys);
+    mw__free(a->devs);
+    mw__free(a);
 }
 
 int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
@@ -425,13 +426,13 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
         mw__rindex_overlap(&m->user_ix, start, end, &first))
         return u ? make_handle(m, u, addr, len, mrp)
                  : arena ? make_handle(m, NULL, addr, len, mrp) : mw_reg(ctx, addr, len, mrp);
-    struct areg *a = calloc(1, sizeof *a);
+    struct areg *a = mw__calloc(1, sizeof *a);
     int nd = m->rg.nslots;
-    if (!a || !(a->devs = calloc((size_t)(nd ? nd : 1), sizeof *a->devs)) ||
-        !(a->keys = calloc((size_t)(nd ? nd : 1), sizeof *a->keys))) {
+    if (!a || !(a->devs = mw__calloc((size_t)(nd ? nd : 1), sizeof *a->devs)) ||
+        !(a->keys = mw__calloc((size_t)(nd ? nd : 1), sizeof *a->keys))) {
         if (a)
-            free(a->devs);
-        free(a);
+            mw__free(a->devs);
+        mw__free(a);
         return -ENOMEM;
     }
     for (int i = 0; i < nd; i++)
@@ -440,9 +441,9 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
                        .devs = a->devs, .ndevs = nd, .keys = a->keys, .start = start,
                        .end = end, .addr = addr, .len = len, .done = done, .arg = arg};
     if (mw__worker_submit(ctx, &a->job) < 0) {
-        free(a->keys);
-        free(a->devs);
-        free(a);
+        mw__free(a->keys);
+        mw__free(a->devs);
+        mw__free(a);
         return mw_reg(ctx, addr, len, mrp);
     }
     return 1;
@@ -467,7 +468,7 @@ void mw__regcache_free(struct mw__mem *m)
     mw__list_for_each(h, &m->handles, link) {
         mw__list_del(&h->link);
         mw__handle_release(h->h);
-        free(h);
+        mw__free(h);
         held++;
     }
     if (held)
@@ -477,7 +478,7 @@ void mw__regcache_free(struct mw__mem *m)
     mw__list_for_each(u, &m->uregs, link) {
         mw__list_del(&u->link);
         mw__region_fini(&m->rg, &u->r);
-        free(u);
+        mw__free(u);
     }
     mw__list_init(&m->idle);
     m->idle_bytes = 0;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/region.h"
 
 /* ------------------------------------------------------------------------
@@ -18,7 +19,7 @@ void mw__registrar_init(struct mw__registrar *rg, const struct mw__reg_backend *
 
 void mw__registrar_fini(struct mw__registrar *rg)
 {
-    free(rg->devs);
+    mw__free(rg->devs);
     rg->devs = NULL;
     rg->nslots = 0;
 }
@@ -57,7 +58,7 @@ int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
     int n = rg->nslots > 0 ? rg->nslots : 1;
     *r = (struct mw__region){.id = ++rg->next_id, .start = start, .end = start + len, .nkeys = n};
     mw__list_init(&r->link);
-    r->keys = calloc((size_t)n, sizeof *r->keys);
+    r->keys = mw__calloc((size_t)n, sizeof *r->keys);
     if (!r->keys)
         return -ENOMEM;
     for (int i = 0; i < rg->nslots; i++) {
@@ -67,7 +68,7 @@ int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
         if (rc < 0) {
             while (i-- > 0)
                 dereg_one(rg, r, i);
-            free(r->keys);
+            mw__free(r->keys);
             r->keys = NULL;
             return rc;
         }
@@ -82,7 +83,7 @@ int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t s
     int n = rg->nslots > nkeys ? rg->nslots : nkeys;
     *r = (struct mw__region){.id = ++rg->next_id, .start = start, .end = start + len, .nkeys = n};
     mw__list_init(&r->link);
-    if (!(r->keys = calloc((size_t)(n ? n : 1), sizeof *r->keys)))
+    if (!(r->keys = mw__calloc((size_t)(n ? n : 1), sizeof *r->keys)))
         return -ENOMEM;
     for (int i = 0; i < rg->nslots; i++) {
         if (!rg->devs[i])
@@ -96,7 +97,7 @@ int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t s
             for (int j = 0; j < i; j++)
                 if (j >= nkeys || !keys[j].handle)
                     dereg_one(rg, r, j);
-            free(r->keys);
+            mw__free(r->keys);
             r->keys = NULL;
             return rc;
         }
@@ -116,7 +117,7 @@ int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
             err = rc;
     }
     mw__list_del(&r->link);
-    free(r->keys);
+    mw__free(r->keys);
     r->keys = NULL;
     r->nkeys = 0;
     return err;
@@ -130,14 +131,14 @@ static int grow_slots(struct mw__registrar *rg, int n)
     mw__list_for_each(r, &rg->all, link) {
         if (r->nkeys >= n)
             continue;
-        struct mw__keys *k = realloc(r->keys, (size_t)n * sizeof *k);
+        struct mw__keys *k = mw__realloc(r->keys, (size_t)n * sizeof *k);
         if (!k)
             return -ENOMEM;
         memset(k + r->nkeys, 0, (size_t)(n - r->nkeys) * sizeof *k);
         r->keys = k;
         r->nkeys = n;
     }
-    struct mw__dev **d = realloc(rg->devs, (size_t)n * sizeof *d);
+    struct mw__dev **d = mw__realloc(rg->devs, (size_t)n * sizeof *d);
     if (!d)
         return -ENOMEM;
     memset(d + rg->nslots, 0, (size_t)(n - rg->nslots) * sizeof *d);
@@ -175,7 +176,7 @@ int mw__registrar_begin_dev(struct mw__registrar *rg, struct mw__dev *dev,
     struct mw__region *r;
     mw__list_for_each(r, &rg->all, link)
         count++;
-    if (count && !(*todo = calloc(count, sizeof **todo))) {
+    if (count && !(*todo = mw__calloc(count, sizeof **todo))) {
         rg->devs[dev->index] = NULL;
         return -ENOMEM;
     }
@@ -241,7 +242,7 @@ void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev)
 
 void mw__rindex_fini(struct mw__rindex *ix)
 {
-    free(ix->v);
+    mw__free(ix->v);
     *ix = (struct mw__rindex){0};
 }
 
@@ -252,7 +253,7 @@ int mw__rindex_reserve(struct mw__rindex *ix, size_t n)
     size_t cap = ix->cap ? ix->cap : 16;
     while (cap < n)
         cap *= 2;
-    struct mw__region **v = realloc(ix->v, cap * sizeof *v);
+    struct mw__region **v = mw__realloc(ix->v, cap * sizeof *v);
     if (!v)
         return -ENOMEM;
     ix->v = v;

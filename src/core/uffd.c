@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/alloc.h"
 #include "core/uffd.h"
 
 #define PAGE ((uintptr_t)4096)
@@ -110,7 +111,7 @@ int mw__uffd_new(struct mw__uffd **up, int wake_fd)
     int fd = open_uffd();
     if (fd < 0)
         return fd;
-    struct mw__uffd *u = calloc(1, sizeof *u);
+    struct mw__uffd *u = mw__calloc(1, sizeof *u);
     if (!u) {
         close(fd);
         return -ENOMEM;
@@ -126,7 +127,7 @@ int mw__uffd_new(struct mw__uffd **up, int wake_fd)
             close(u->stop_fd);
         pthread_mutex_destroy(&u->lock);
         close(fd);
-        free(u);
+        mw__free(u);
         return rc;
     }
     *up = u;
@@ -143,7 +144,7 @@ void mw__uffd_free(struct mw__uffd *u)
     close(u->stop_fd);
     close(u->fd);                 /* the kernel drops every range registered */
     pthread_mutex_destroy(&u->lock);
-    free(u);
+    mw__free(u);
 }
 
 /* Whole pages: registration covers pages, and events name pages. */

@@ -2,7 +2,7 @@
  * never handed out again for other pages at the same address.
  *
  * userfaultfd delivers an event when a range registered with it is unmapped
- * (munmap, brk shrinking, free() of a large block), zapped (madvise
+ * (munmap, brk shrinking, mw__free of a large block), zapped (madvise
  * DONTNEED/REMOVE: glibc trims freed heap this way) or moved (mremap).
  * Ranges are registered in write-protect mode and never write-protected,
  * so no page fault is ever delivered: only those events.  The kernel holds

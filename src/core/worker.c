@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 
+#include "core/alloc.h"
 #include "core/worker.h"
 
 struct mw__worker {
@@ -89,7 +90,7 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
 
 static int worker_start(mw_ctx_t *ctx)
 {
-    struct mw__worker *w = calloc(1, sizeof *w);
+    struct mw__worker *w = mw__calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
     w->todo_tail = &w->todo;
@@ -119,7 +120,7 @@ fail:
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->idle);
     pthread_mutex_destroy(&w->lock);
-    free(w);
+    mw__free(w);
     return rc;
 }
 
@@ -165,6 +166,6 @@ void mw__worker_free(mw_ctx_t *ctx)
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->idle);
     pthread_mutex_destroy(&w->lock);
-    free(w);
+    mw__free(w);
     ctx->worker = NULL;
 }

@@ -1,4 +1,5 @@
-/* Running out of the device's resources fails cleanly: completion-queue
+/* Running out of resources fails cleanly: meshwire's own bookkeeping memory
+ * (any one allocation, through mw_replace_allocator), completion-queue
  * entries (connections reserve theirs, the CQ grows up to the device's
  * max_cqe), device objects (queue pairs, capped for real by the kernel's
  * rdma cgroup controller) and registrable memory (RLIMIT_MEMLOCK, enforced
@@ -11,6 +12,8 @@
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -323,6 +326,286 @@ static void memory_runs_out_cleanly(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- bookkeeping memory: every allocation meshwire makes can fail -------- */
+
+/* A counting allocator that fails call number oom.fail_at (0: none). */
+static struct {
+    atomic_long calls, fail_at, held, failed;
+} oom;
+
+static bool oom_refuse(void)
+{
+    long n = atomic_fetch_add(&oom.calls, 1) + 1;
+    if (n != atomic_load(&oom.fail_at))
+        return false;
+    atomic_fetch_add(&oom.failed, 1);
+    return true;
+}
+
+static void *oom_malloc(size_t size)
+{
+    void *p = oom_refuse() ? NULL : malloc(size);
+    if (p)
+        atomic_fetch_add(&oom.held, 1);
+    return p;
+}
+
+static void *oom_calloc(size_t n, size_t size)
+{
+    void *p = oom_refuse() ? NULL : calloc(n, size);
+    if (p)
+        atomic_fetch_add(&oom.held, 1);
+    return p;
+}
+
+static void *oom_realloc(void *p, size_t size)
+{
+    void *q = oom_refuse() ? NULL : realloc(p, size);
+    if (q && !p)
+        atomic_fetch_add(&oom.held, 1);
+    return q;
+}
+
+static void oom_free(void *p)
+{
+    if (p)
+        atomic_fetch_sub(&oom.held, 1);
+    free(p);
+}
+
+/* The future's outcome within its deadline; a failure must say something. */
+static int oom_wait(mw_future_t *f, const char *what, const char **where)
+{
+    if (!f) {
+        if (!**where)
+            *where = what;
+        return -ENOMEM;
+    }
+    mw_future_set_timeout(f, 5000);
+    int rc = mw_wait(f);
+    if (rc) {
+        if (!**where)             /* the first failure is the one to name */
+            *where = what;
+        assert_true(rc < 0);
+        assert_non_null(mw_future_message(f));
+        assert_int_not_equal(rc, -ETIMEDOUT);     /* failing cleanly is failing fast */
+    }
+    return rc;
+}
+
+static void oom_keep(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    mw_conn_t **kept = arg;
+    if (*kept)
+        mw_conn_abort(c);
+    else
+        *kept = c;
+}
+
+/* Two ranks' futures, both waited for.  A rank whose call returned NULL
+ * never joined: the other is cancelled (it would wait for it until its
+ * deadline, as a rank that never calls waits in MPI); with @cancel also
+ * once one failed (a rank whose creation failed never comes).  A failed
+ * collective breaks the communicator for both: nothing to cancel. */
+static int oom_wait_pair(mw_ctx_t *ctx, mw_future_t **f, bool cancel, const char *what,
+                         const char **where)
+{
+    for (int i = 0; i < 500; i++) {
+        bool failed = false, pending = false;
+        for (int k = 0; k < 2; k++) {
+            failed |= !f[k] || (cancel && mw_future_state(f[k]) == MW_FUTURE_FAILED);
+            pending |= f[k] && mw_future_state(f[k]) == MW_FUTURE_PENDING;
+        }
+        if (failed)
+            for (int k = 0; k < 2; k++)
+                if (f[k])
+                    mw_future_cancel(f[k]);
+        if (failed || !pending)
+            break;
+        loop_for(ctx, 10);
+    }
+    int rc = 0;                   /* the failure that was not a cancel first */
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 2; k++) {
+            bool cancelled = f[k] && mw_future_error(f[k]) == -ECANCELED;
+            if (cancelled == (pass == 1)) {
+                int e = oom_wait(f[k], what, where);
+                rc = rc ? rc : e;
+            }
+        }
+    return rc;
+}
+
+/* Connect, a message, an exported write, a two-rank communicator and an
+ * allreduce, all in one context; 0 when everything worked, else the first
+ * error (named in *@where).  Everything is released either way. */
+static int oom_scenario(int port, const char **where)
+{
+    mw_ctx_t *ctx = NULL;
+    mw_listener_t *l = NULL;
+    mw_conn_t *server = NULL, *client = NULL;
+    mw_comm_t *comm[2] = {NULL, NULL};
+    mw_future_t *f = NULL, *cf[2] = {NULL, NULL};
+    char *mem = NULL;
+    char la[80];
+    int rc = mw_ctx_new(&ctx, NULL, NULL);
+    if (rc) {
+        *where = "mw_ctx_new";
+        return rc;
+    }
+    snprintf(la, sizeof la, "%s:0", addrs[1]);
+    if ((rc = mw_listen(ctx, la, NULL, oom_keep, &server, &l))) {
+        *where = "mw_listen";
+        goto out;
+    }
+    char to[80];
+    snprintf(to, sizeof to, "%s:%d", addrs[1], mw_listener_port(l));
+    f = mw_connect(ctx, to, NULL);
+    if ((rc = oom_wait(f, "mw_connect", where)))
+        goto out;
+    client = mw_future_value(f);
+    mw_future_unref(f);
+    f = NULL;
+    for (int i = 0; !server && i < 500; i++)
+        loop_for(ctx, 10);
+    if (!server) {                /* the accept side failed: the client is told */
+        mw_listener_stats_t st;
+        mw_listener_stats(l, &st);
+        *where = "accept";
+        rc = st.failed + st.rejected ? -ENOMEM : -ETIMEDOUT;
+        assert_int_equal(rc, -ENOMEM);
+        goto out;
+    }
+
+    /* a message */
+    f = mw_send(client, "hello", 6);
+    if ((rc = oom_wait(f, "mw_send", where)))
+        goto out;
+    mw_future_unref(f);
+    f = mw_recv(server);
+    if ((rc = oom_wait(f, "mw_recv", where)))
+        goto out;
+    mw_msg_t *m = mw_future_value(f);
+    assert_int_equal(m->len, 6);
+    assert_string_equal(m->data, "hello");
+    mw_msg_free(m);
+    mw_future_unref(f);
+    f = NULL;
+
+    /* a one-sided write into an export */
+    mem = mw_alloc(ctx, 8192);
+    mw_remote_t r;
+    if (!mem) {
+        *where = "mw_alloc";
+        rc = -errno;
+        goto out;
+    }
+    memset(mem, 0, 8192);
+    memset(mem + 4096, 'x', 4096);
+    if ((rc = mw_mem_export(server, mem, 4096, &r))) {
+        *where = "mw_mem_export";
+        goto out;
+    }
+    f = mw_write(client, mem + 4096, 4096, &r, 0);
+    if ((rc = oom_wait(f, "mw_write", where)))
+        goto out;
+    mw_future_unref(f);
+    f = NULL;
+    assert_memory_equal(mem, mem + 4096, 4096);
+
+    /* a communicator of two ranks in this context, and an allreduce */
+    char peers[2][80];
+    const char *pv[2] = {peers[0], peers[1]};
+    snprintf(peers[0], sizeof peers[0], "%s:%d", addrs[1], port);
+    snprintf(peers[1], sizeof peers[1], "%s:%d", addrs[0], port + 1);
+    mw_comm_opts_t o;
+    mw_comm_opts_init(&o);
+    o.timeout_ms = 5000;
+    o.slot_size = 4096;
+    for (int k = 0; k < 2; k++)
+        cf[k] = mw_comm_create(ctx, k, 2, pv, &o);
+    if (!(rc = oom_wait_pair(ctx, cf, true, "mw_comm_create", where)))
+        for (int k = 0; k < 2; k++)
+            comm[k] = mw_future_value(cf[k]);
+    if (rc)
+        goto out;
+    float x[2][64];
+    mw_future_t *af[2];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 64; i++)
+            x[k][i] = (float)(k + i);
+        af[k] = mw_allreduce(comm[k], x[k], x[k], 64, MW_F32, MW_SUM);
+    }
+    rc = oom_wait_pair(ctx, af, false, "mw_allreduce", where);
+    for (int k = 0; k < 2; k++)
+        if (af[k])
+            mw_future_unref(af[k]);
+    for (int i = 0; !rc && i < 64; i++) {
+        assert_true(x[0][i] == (float)(1 + 2 * i));
+        assert_true(x[1][i] == (float)(1 + 2 * i));
+    }
+out:
+    if (f)
+        mw_future_unref(f);
+    for (int k = 0; k < 2; k++) {
+        mw_comm_free(comm[k]);
+        if (cf[k])
+            mw_future_unref(cf[k]);
+    }
+    if (client)
+        mw_conn_abort(client);
+    if (server)
+        mw_conn_abort(server);
+    mw_listener_free(l);
+    mw_free(ctx, mem);
+    mw_ctx_free(ctx);
+    return rc;
+}
+
+/* For every N, the Nth allocation fails: each failure is an error with a
+ * message, nothing hangs, and nothing is left allocated after the
+ * teardown.  The run where no allocation failed works. */
+static void every_allocation_can_fail(void **state)
+{
+    (void)state;
+    assert_int_equal(mw_replace_allocator(NULL, realloc, calloc, free), -EINVAL);
+    assert_int_equal(mw_replace_allocator(oom_malloc, oom_realloc, oom_calloc, oom_free), 0);
+    int port = 20000 + (getpid() * 13) % 20000;
+    /* a first run grows what lives as long as the process (the handle
+     * table): the baseline of what a run leaves held */
+    const char *where = "";
+    assert_int_equal(oom_scenario(port - 2, &where), 0);
+    long baseline = atomic_load(&oom.held);
+    int errors = 0, absorbed = 0;
+    long n;
+    double t0 = now_s();
+    for (n = 1;; n++) {
+        atomic_store(&oom.calls, 0);
+        atomic_store(&oom.failed, 0);
+        atomic_store(&oom.fail_at, n);
+        where = "";
+        int rc = oom_scenario(port + (int)(n % 50) * 2, &where);
+        bool injected = atomic_load(&oom.failed) > 0;
+        if (atomic_load(&oom.held) != baseline)
+            fail_msg("allocation %ld failed (%s: %s): %ld blocks left", n, where,
+                     mw_strerror(rc), atomic_load(&oom.held) - baseline);
+        if (!injected) {          /* past the last allocation: all of it works */
+            assert_int_equal(rc, 0);
+            break;
+        }
+        rc ? errors++ : absorbed++;
+        if (getenv("MW_TEST_VERBOSE"))
+            printf("allocation %ld: %s%s%s\n", n, rc ? where : "absorbed", rc ? ": " : "",
+                   rc ? mw_strerror(rc) : "");
+    }
+    atomic_store(&oom.fail_at, 0);
+    printf("%ld allocations along connect, send/recv, write, communicator, allreduce: "
+           "%d failures reported as errors, %d absorbed (retried or not needed), %.1f s\n",
+           n - 1, errors, absorbed, now_s() - t0);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, calloc, free), 0);
+}
+
 static int memlock_child(void)
 {
     int rc = drop_ipc_lock();
@@ -354,7 +637,10 @@ int main(int argc, char **argv)
         return memlock_child();
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
         return 1;
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_allocation_can_fail),
         cmocka_unit_test(cq_entries_run_out_cleanly),
         cmocka_unit_test_teardown(device_objects_run_out_cleanly, cgroup_leave),
         cmocka_unit_test(registrable_memory_runs_out_cleanly),

@@ -2,8 +2,12 @@
  * zero-length buffers, unknown types, or counts whose byte size overflows
  * size_t returns a clear error (or NULL where it returns a pointer), never
  * crashes.  What needs a live connection or communicator is in the rxe
- * suite (test_conn's bounds table, test_coll's argument checks). */
+ * suite (test_conn's bounds table, test_coll's argument checks).  Also the
+ * replaceable allocator, with any one allocation failing (connections and
+ * collectives: test_limits in the rxe suite). */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -239,6 +243,117 @@ static void names_and_errors(void **state)
     assert_non_null(mw_version());
 }
 
+/* --- the allocator: replaceable, and every allocation may fail ----------- */
+
+static long calls, fail_at, held;
+
+static bool refuse(void)
+{
+    return ++calls == fail_at;
+}
+
+static void *count_malloc(size_t size)
+{
+    void *p = refuse() ? NULL : malloc(size);
+    held += p != NULL;
+    return p;
+}
+
+static void *count_calloc(size_t n, size_t size)
+{
+    void *p = refuse() ? NULL : calloc(n, size);
+    held += p != NULL;
+    return p;
+}
+
+static void *count_realloc(void *p, size_t size)
+{
+    void *q = refuse() ? NULL : realloc(p, size);
+    held += q && !p;
+    return q;
+}
+
+static void count_free(void *p)
+{
+    held -= p != NULL;
+    free(p);
+}
+
+static mw_future_t *then_done(mw_future_t *f, void *arg)
+{
+    (void)f;
+    mw_future_t *g = mw_future_new(arg);
+    if (g)
+        mw_future_resolve(g, NULL);
+    return g;
+}
+
+/* A context, and futures resolved, chained and joined, with the Nth
+ * allocation failing: 0 when all of it worked, else the first error. */
+static int futures_with_failure(void)
+{
+    mw_ctx_t *ctx;
+    int rc = mw_ctx_new(&ctx, NULL, NULL);
+    if (rc)
+        return rc;
+    mw_future_t *f[2] = {mw_future_new(ctx), mw_future_new(ctx)};
+    mw_future_t *c = f[0] ? mw_future_chain(f[0], then_done, ctx) : NULL;
+    mw_future_t *all = f[1] ? mw_future_all(ctx, f, 2) : NULL;
+    for (int i = 0; i < 2; i++)
+        if (f[i])
+            mw_future_fail(f[i], -EIO, "failure number %d", i);
+    rc = !f[0] || !f[1] || !c || !all ? -ENOMEM : 0;
+    if (!rc) {
+        assert_int_equal(mw_wait(c), -EIO);
+        assert_int_equal(mw_wait(all), -EIO);
+    }
+    mw_future_t *v[] = {f[0], f[1], c, all};
+    for (size_t i = 0; i < 4; i++)
+        if (v[i])
+            mw_future_unref(v[i]);
+    mw_ctx_free(ctx);
+    return rc;
+}
+
+static void allocator_replaced(void **state)
+{
+    (void)state;
+    assert_int_equal(mw_replace_allocator(NULL, realloc, calloc, free), -EINVAL);
+    assert_int_equal(mw_replace_allocator(malloc, NULL, calloc, free), -EINVAL);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, NULL, free), -EINVAL);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, calloc, NULL), -EINVAL);
+    /* every test before this one released what it made */
+    assert_int_equal(mw_replace_allocator(count_malloc, count_realloc, count_calloc, count_free), 0);
+
+    /* replaced only while meshwire holds nothing: a future outlives its context */
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    assert_true(held > 0);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, calloc, free), -EBUSY);
+    mw_future_t *f = mw_future_new(ctx);
+    assert_non_null(f);
+    mw_ctx_free(ctx);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, calloc, free), -EBUSY);
+    mw_future_unref(f);
+    assert_int_equal(held, 0);
+
+    /* the Nth allocation fails, for every N: an error, nothing left held */
+    long n;
+    for (n = 1;; n++) {
+        calls = 0;
+        fail_at = n;
+        int rc = futures_with_failure();
+        assert_int_equal(held, 0);
+        if (calls < n) {          /* none failed: all of it worked */
+            assert_int_equal(rc, 0);
+            break;
+        }
+    }
+    fail_at = 0;
+    assert_true(n > 10);
+    assert_int_equal(mw_replace_allocator(malloc, realloc, calloc, free), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -247,6 +362,7 @@ int main(void)
         cmocka_unit_test(comm_options_checked),
         cmocka_unit_test(block_of),
         cmocka_unit_test(names_and_errors),
+        cmocka_unit_test(allocator_replaced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
