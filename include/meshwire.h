@@ -345,7 +345,9 @@ MW_EXTERN int mw_wait(mw_future_t *f);
  *  Return: the memory, or NULL (errno set) for size 0 or out of memory. */
 MW_EXTERN void *mw_alloc(mw_ctx_t *ctx, size_t size);
 
-/** mw_free() - release memory from mw_alloc(); NULL does nothing. */
+/** mw_free() - release memory from mw_alloc(); NULL does nothing.  Every
+ *  export over it (mw_mem_export) is withdrawn first: a peer's key never
+ *  reaches memory handed out again. */
 MW_EXTERN void mw_free(mw_ctx_t *ctx, void *p);
 
 typedef struct mw_mr mw_mr_t;
@@ -362,7 +364,9 @@ typedef struct mw_mr mw_mr_t;
  */
 MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
 
-/** mw_dereg() - drop a registration from mw_reg().  Where the kernel can say
+/** mw_dereg() - drop a registration from mw_reg().  The last one over a
+ *  range withdraws every export over it (mw_mem_export), as the caller may
+ *  free that memory next.  Where the kernel can say
  *  when memory goes (userfaultfd, as Linux offers even to unprivileged
  *  processes for this use), the registration is kept after its last
  *  mw_dereg -- the pages stay pinned -- so that registering the same memory
@@ -550,13 +554,22 @@ typedef struct mw_remote {
  *  from mw_alloc() or mw_reg(), and describe it in @out for the peer.  It
  *  registers exactly that range for remote access (other registrations are
  *  local-only), so whatever a peer sends it reaches nothing else.  The
- *  registration lasts until the connection is freed: keep the memory (and
- *  its mw_alloc or mw_reg) until the future of mw_conn_close() completes.
- *  (After mw_conn_abort() nothing tells when the connection is gone: close
- *  connections that exported memory you will reuse.)  Return: 0, -EINVAL
- *  (NULL, len 0), -EFAULT (not registered memory), -ENOTCONN (no device
- *  yet), or the device's error. */
+ *  export stands until mw_mem_unexport(), until its memory is released
+ *  (mw_free, the last mw_dereg over it, the memory unmapped), or until the
+ *  connection is freed; after that the peer's accesses fail (-EACCES there,
+ *  and its connection breaks).  The key is not yet tied to @c: within one
+ *  context a peer on another connection that guesses it reaches the same
+ *  range (one protection domain per device; see README, limits).
+ *  Return: 0, -EINVAL (NULL, len 0), -EFAULT (not registered memory),
+ *  -ENOTCONN (no device yet), or the device's error. */
 MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);
+
+/** mw_mem_unexport() - withdraw the export @r of @c (as mw_mem_export
+ *  filled it): from this call on, the peer's accesses with it fail.  An
+ *  access of the peer already under way completes or fails first.
+ *  Return: 0, -EINVAL (NULL), -ENOENT (not an export of @c, or withdrawn
+ *  by this call before), or the refusal of @c. */
+MW_EXTERN int mw_mem_unexport(mw_conn_t *c, const mw_remote_t *r);
 
 /** mw_write() / mw_read() - one-sided RDMA of @len bytes between local
  *  registered memory and @r at @offset.  Bounds are checked against @r

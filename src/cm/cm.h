@@ -193,7 +193,7 @@ struct mw__conn {
     uint64_t rx_activity, rx_seen_at_probe;
     uint64_t credit_wait_since;   /* ms, when the queue's head began to wait
                                      for credits (0: it does not) */
-    struct mw__export *exports;   /* remote-access registrations, mw_mem_export */
+    struct mw__conn_export *exports; /* standing or withdrawn, mw_mem_export */
     mw_future_t *close_f;
     bool disconnected;            /* rdma_disconnect done (or the peer's) */
     int cqe_reserved;             /* CQ entries reserved on dev */

@@ -17,15 +17,13 @@
 #include "core/mem.h"
 #include "core/op.h"
 
-/* An export is a registration of its own over exactly [addr, addr+len),
- * the only kind that grants remote access: the registrations behind
- * mw_alloc and mw_reg are local-only, so a peer -- even one with its own
- * verbs, ignoring mw_remote_t.len -- reaches nothing outside what was
- * exported.  (Type 2 memory windows would also tie the key to the QP, but
- * rxe checks a window's accesses against its MR's range, not its own.) */
-struct mw__export {
-    struct mw__export *next;
-    struct ibv_mr *mr;
+/* A connection's exports (core/mem.h: each its own registration, the only
+ * kind with remote access, withdrawn when its memory is released).  (Type
+ * 2 memory windows would also tie the key to the QP, but rxe checks a
+ * window's accesses against its MR's range, not its own.) */
+struct mw__conn_export {
+    struct mw__export e;
+    struct mw__conn_export *next;
 };
 
 int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
@@ -38,36 +36,47 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
         return -EINVAL;
     if (!c->dev || c->dev->removed)
         return -ENOTCONN;
-    uint32_t lkey, rkey;
-    int rc = mw__mem_keys(c->ctx, c->dev, addr, len, &lkey, &rkey);
-    if (rc < 0)
-        return rc;                /* not registered memory: -EFAULT */
-    struct mw__export *e = mw__calloc(1, sizeof *e);
-    if (!e)
+    struct mw__conn_export *x = mw__calloc(1, sizeof *x);
+    if (!x)
         return -ENOMEM;
-    errno = 0;
-    e->mr = ibv_reg_mr(c->dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                                  IBV_ACCESS_REMOTE_READ);
-    if (!e->mr) {
-        rc = errno ? -errno : -ENOMEM;
-        mw__free(e);
+    int rc = mw__export_new(c->ctx, c->dev, addr, len, &x->e);
+    if (rc < 0) {
+        mw__free(x);
         return rc;
     }
-    c->ctx->stats.registrations++;
-    e->next = c->exports;
-    c->exports = e;
-    *out = (mw_remote_t){.addr = (uintptr_t)addr, .len = len, .rkey = e->mr->rkey};
+    x->next = c->exports;
+    c->exports = x;
+    *out = (mw_remote_t){.addr = (uintptr_t)addr, .len = len, .rkey = x->e.rkey};
     return 0;
+}
+
+int mw_mem_unexport(mw_conn_t *h, const mw_remote_t *r)
+{
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c)
+        return err;
+    if (!r)
+        return -EINVAL;
+    for (struct mw__conn_export **pp = &c->exports; *pp; pp = &(*pp)->next) {
+        struct mw__conn_export *x = *pp;
+        if (x->e.rkey == r->rkey && x->e.start == r->addr && x->e.end - x->e.start == r->len) {
+            *pp = x->next;
+            mw__export_withdraw(c->ctx, &x->e);
+            mw__free(x);
+            return 0;
+        }
+    }
+    return -ENOENT;
 }
 
 void mw__rdma_drop_exports(struct mw__conn *c)
 {
     while (c->exports) {
-        struct mw__export *e = c->exports;
-        c->exports = e->next;
-        ibv_dereg_mr(e->mr);
-        c->ctx->stats.deregistrations++;
-        mw__free(e);
+        struct mw__conn_export *x = c->exports;
+        c->exports = x->next;
+        mw__export_withdraw(c->ctx, &x->e);
+        mw__free(x);
     }
 }
 

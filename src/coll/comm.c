@@ -702,6 +702,13 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
     return f;
 }
 
+/* A peer's connection is gone: nothing can write into its scratch now. */
+static void on_peer_closed(mw_future_t *f, void *arg)
+{
+    (void)f;
+    mw__comm_unref(arg);
+}
+
 /* Let go of the mesh: connections aborted (their callbacks unhooked first),
  * the owner's reference dropped; callbacks still in flight hold their own. */
 static void release(struct mw__comm *comm)
@@ -718,7 +725,12 @@ static void release(struct mw__comm *comm)
         }
         if (p->conn) {            /* graceful: our last acks still go out */
             mw_conn_on_imm(p->conn, NULL, NULL);
-            mw_future_unref(mw_conn_close(p->conn));
+            mw_future_t *closed = mw_conn_close(p->conn);
+            if (closed) {         /* the scratch it writes into stays until it is gone */
+                mw__comm_ref(comm);
+                mw__future_then_in(closed, &p->closed, on_peer_closed, comm);
+                mw_future_unref(closed);
+            }
         }
         p->conn = NULL;
     }

@@ -35,6 +35,7 @@ struct mw__peer {
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
     struct mw__cb hello;          /* waits for its hello */
+    struct mw__cb closed;         /* waits for its connection to go, at the end */
     bool ready;
     int gone;                     /* why the peer is unreachable (0: it is not) */
     char gone_why[160];

@@ -29,9 +29,9 @@ int mw_replace_allocator(mw_malloc_fn m, mw_realloc_fn r, mw_calloc_fn c, mw_fre
     return 0;
 }
 
-void *mw__malloc(size_t size)
+/* @p from the current allocator: counted as held, or ENOMEM. */
+static void *held_or_enomem(void *p)
 {
-    void *p = allocator.malloc(size ? size : 1);
     if (p)
         atomic_fetch_add_explicit(&held, 1, memory_order_relaxed);
     else
@@ -39,14 +39,14 @@ void *mw__malloc(size_t size)
     return p;
 }
 
+void *mw__malloc(size_t size)
+{
+    return held_or_enomem(allocator.malloc(size ? size : 1));
+}
+
 void *mw__calloc(size_t n, size_t size)
 {
-    void *p = allocator.calloc(n ? n : 1, size ? size : 1);
-    if (p)
-        atomic_fetch_add_explicit(&held, 1, memory_order_relaxed);
-    else
-        errno = ENOMEM;
-    return p;
+    return held_or_enomem(allocator.calloc(n ? n : 1, size ? size : 1));
 }
 
 void *mw__calloc_forever(size_t n, size_t size)

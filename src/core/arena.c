@@ -367,6 +367,9 @@ void mw_free(mw_ctx_t *ctx, void *p)
             MW_LOG(ctx, MW_LOG_WARN, "mw_free(%p): nothing was allocated", p);
         return;
     }
+    /* never handed out again while a peer's key reaches it */
+    if (!mw__list_empty(&ctx->mem->exports))
+        mw__exports_withdraw_range(ctx, (uintptr_t)p, (uintptr_t)p + sallocx(p, 0));
     ev_begin(a);
     dallocx(p, MALLOCX_TCACHE_NONE);
     ev_report(ctx->mem, a, "mw_free");

@@ -4,6 +4,7 @@
  * binary search finds the one containing a range, and any live region
  * containing it has valid keys. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include <infiniband/verbs.h>
@@ -61,6 +62,7 @@ int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend)
                        &ctx->stats.registrations, &ctx->stats.deregistrations);
     mw__list_init(&m->uregs);
     mw__list_init(&m->handles);
+    mw__list_init(&m->exports);
     mw__list_init(&m->idle);
     m->uffd_wake = -1;
     const char *cap = getenv("MW_REG_CACHE_MB");
@@ -74,6 +76,7 @@ void mw__mem_free(mw_ctx_t *ctx)
     struct mw__mem *m = ctx ? ctx->mem : NULL;
     if (!m)
         return;
+    mw__exports_withdraw_range(ctx, 0, UINTPTR_MAX);   /* their owners went first */
     mw__arena_destroy(m);
     mw__regcache_free(m);
     mw__rindex_fini(&m->arena_ix);

@@ -9,8 +9,10 @@
 #include <stdint.h>
 
 #include "core/ctx.h"
+#include "core/list.h"
 
 struct mw__dev;
+struct ibv_mr;
 
 /* How a region gets registered with one device.  The real backend calls
  * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
@@ -75,5 +77,31 @@ void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
  * one region.  Return 0, or -EFAULT when the range is not registered. */
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__dev *dev,
                  const void *addr, size_t len, uint32_t *lkey, uint32_t *rkey);
+
+/* An export: a registration of its own over exactly [start, end), the only
+ * kind with remote access (those behind mw_alloc and mw_reg are local
+ * only).  Embedded in its owner's record (a connection's), and listed by
+ * the memory layer while it stands: memory released -- mw_free, the last
+ * mw_dereg of a range, memory unmapped under a registration -- withdraws
+ * every export over it first, so a key a peer holds never reaches memory
+ * handed out again. */
+struct mw__export {
+    struct ibv_mr *mr;            /* NULL once withdrawn */
+    uintptr_t start, end;
+    uint32_t rkey;                /* what the peer was given (kept after) */
+    struct mw__list link;         /* in the memory layer's list while standing */
+};
+
+/* mw__export_new() - register [addr, addr+len) of registered memory for
+ * remote access on @dev into @e.  Return 0, -EFAULT (not memory from
+ * mw_alloc or mw_reg), or the device's error. */
+int mw__export_new(mw_ctx_t *ctx, struct mw__dev *dev, void *addr, size_t len,
+                   struct mw__export *e);
+/* mw__export_withdraw() - deregister @e: its key works no more.  Again is
+ * a no-op. */
+void mw__export_withdraw(mw_ctx_t *ctx, struct mw__export *e);
+/* mw__exports_withdraw_range() - withdraw every export overlapping
+ * [start, end): the memory is being released. */
+void mw__exports_withdraw_range(mw_ctx_t *ctx, uintptr_t start, uintptr_t end);
 
 #endif

@@ -135,6 +135,7 @@ static void idle_trim(struct mw__mem *m)
 static void mark_stale(struct mw__mem *m, struct ureg *u)
 {
     u->stale = true;
+    mw__exports_withdraw_range(m->ctx, u->r.start, u->r.end);
     unindex(m, u);
     if (u->refs == 0) {
         idle_drop(m, u);
@@ -301,9 +302,14 @@ static int unheld(struct mw__mem *m, struct ureg *u)
     return release(m, u);
 }
 
+/* The last handle on @u went: the caller may now free its memory, so no
+ * export over it may stand (the registration itself may stay, idle). */
 static int ureg_put(struct mw__mem *m, struct ureg *u)
 {
-    return --u->refs ? 0 : unheld(m, u);
+    if (--u->refs)
+        return 0;
+    mw__exports_withdraw_range(m->ctx, u->r.start, u->r.end);
+    return unheld(m, u);
 }
 
 int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)

@@ -148,6 +148,7 @@ struct mw__mem {
     struct mw__list uregs;        /* every live mw_reg region */
     size_t nuregs;
     struct mw__list handles;      /* every mw_mr_t handed out */
+    struct mw__list exports;      /* every standing export (export.c) */
     struct mw__arena *arena;      /* created by the first mw_alloc() */
     void *reserve;                /* mw__mem_reserve(): held until a device */
     /* registrations kept after their last mw_dereg (regcache.c) */

@@ -446,6 +446,7 @@ static void check_regcache(mw_ctx_t *ctx, mw_comm_t *comm)
 
 static int run_rank(int rank, int nranks, int port, const char *mode)
 {
+    failures = 0;                 /* rank 0 is this process, test after test */
     mw_ctx_t *ctx;
     if (mw_ctx_new(&ctx, NULL, NULL))
         return 2;

@@ -310,9 +310,19 @@ static void one_sided_bounds_are_checked_locally(void **state)
     mw_free(p->ctx, src);
 }
 
+/* A pair whose connections a refused access broke: abort, not close. */
+static void pair_drop_broken(struct pair *p)
+{
+    mw_conn_abort(p->c);
+    mw_conn_abort(p->p);
+    p->c = NULL;
+    p->s.n = 0;
+    pair_teardown((void **)&p);
+}
+
 /* A peer that ignores the bounds it was given (a forged mw_remote_t, as a
  * peer with its own verbs could send) is stopped by the remote side: the
- * export is a memory window over exactly its range, so memory next to it,
+ * export is a registration of exactly its range, so memory next to it,
  * in the same registration, stays untouched, and a key never given works
  * nowhere.  Each attempt breaks the connection (remote access error). */
 static void remote_side_enforces_the_export(void **state)
@@ -346,11 +356,65 @@ static void remote_side_enforces_the_export(void **state)
         }
         mw_free(p->ctx, page);
         mw_free(p->ctx, src);
-        mw_conn_abort(p->c);                      /* broken: abort, not close */
-        mw_conn_abort(p->p);
-        p->c = NULL;
-        p->s.n = 0;
-        pair_teardown((void **)&p);
+        pair_drop_broken(p);
+    }
+}
+
+/* An export withdrawn -- by mw_mem_unexport, or because its memory was
+ * released (mw_free, the last mw_dereg) -- reaches nothing: a peer still
+ * holding the descriptor is refused by the device, and memory handed out
+ * again at the same address stays as it is. */
+static void withdrawn_exports_reach_nothing(void **state)
+{
+    (void)state;
+    const char *ways[] = {"mw_mem_unexport", "mw_free", "mw_dereg"};
+    for (int k = 0; k < 3; k++) {
+        struct pair *p;
+        pair_setup((void **)&p);
+        uint8_t *src = mw_alloc(p->ctx, 4096), *user = NULL, *target;
+        mw_mr_t *mr = NULL;
+        memset(src, 0x11, 4096);
+        if (k == 2) {
+            user = aligned_alloc(4096, 4096);
+            assert_int_equal(mw_reg(p->ctx, user, 4096, &mr), 0);
+            target = user;
+        } else {
+            target = mw_alloc(p->ctx, 4096);
+        }
+        mw_remote_t r;
+        assert_int_equal(mw_mem_export(p->p, target, 4096, &r), 0);
+        mw_future_t *f = mw_write(p->c, src, 4096, &r, 0);   /* standing: it lands */
+        assert_int_equal(mw_wait(f), 0);
+        mw_future_unref(f);
+        assert_memory_equal(target, src, 4096);
+
+        uint8_t *now = target;              /* what the old address holds next */
+        if (k == 0) {
+            assert_int_equal(mw_mem_unexport(p->p, NULL), -EINVAL);
+            assert_int_equal(mw_mem_unexport(p->p, &r), 0);
+            assert_int_equal(mw_mem_unexport(p->p, &r), -ENOENT);
+        } else if (k == 1) {
+            mw_free(p->ctx, target);
+            now = mw_alloc(p->ctx, 4096);   /* jemalloc hands the block out again */
+        } else {
+            assert_int_equal(mw_dereg(p->ctx, mr), 0);
+        }
+        memset(now, 0xAB, 4096);
+        f = mw_write(p->c, src, 4096, &r, 0);
+        int rc = mw_wait(f);
+        printf("export withdrawn by %s (memory %s): write %s (%s)\n", ways[k],
+               now == target ? "at the same address" : "elsewhere",
+               rc ? mw_strerror(rc) : "DONE", mw_future_message(f));
+        assert_int_equal(rc, -EACCES);
+        mw_future_unref(f);
+        for (int i = 0; i < 4096; i++)
+            assert_int_equal(now[i], 0xAB);
+        if (k == 2)
+            free(user);
+        else
+            mw_free(p->ctx, now);
+        mw_free(p->ctx, src);
+        pair_drop_broken(p);
     }
 }
 
@@ -685,6 +749,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(one_sided_write_read_and_imm, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
         cmocka_unit_test(remote_side_enforces_the_export),
+        cmocka_unit_test(withdrawn_exports_reach_nothing),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(use_after_close_is_refused, pair_setup, pair_teardown),
