@@ -687,7 +687,9 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
  * full mesh of RC connections made through rdma_cm, no other channel; each
  * pair then exchanges the registered scratch regions it writes into.
  * Ranks may start in any order within opts->timeout_ms; refused attempts
- * while a peer starts are retried (they show in mw_ctx_stats as flushes).
+ * while a peer starts are retried (they show in mw_ctx_stats as flushes),
+ * and so are connections dropped before the peer's hello (a process of
+ * another job still at that port: the deadline's message says so).
  * Return: a future whose value is the mw_comm_t * (the caller's, free with
  * mw_comm_free); NULL only when out of memory.  It fails with -EINVAL for
  * a bad rank, count, entry or option (the message names it), -ETIMEDOUT naming the ranks still missing at

@@ -261,8 +261,10 @@ static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
     if (p->conn)
         return -EEXIST;
     p->conn = c;
-    p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm));
-    p->imm = mw__calloc(comm->opts.slots, sizeof *p->imm);
+    if (!p->scratch)              /* kept from an attempt that was dropped */
+        p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm));
+    if (!p->imm)
+        p->imm = mw__calloc(comm->opts.slots, sizeof *p->imm);
     if (!p->scratch || !p->imm)
         return -ENOMEM;
     /* Now, not when its hello is read: the peer may finish creating the
@@ -382,19 +384,35 @@ static void drop_connecting(struct connecting *k)
     mw__comm_unref(comm);
 }
 
+static void retry_later(struct connecting *k);
+
 static void on_peer_hello(mw_future_t *f, void *arg)
 {
     struct mw__peer *p = arg;
     struct mw__comm *comm = p->comm;
+    struct connecting *k = p->connecting;
+    p->connecting = NULL;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     bool ours;
     const char *bad = m ? check_hello(comm, m, p->rank, &ours) : mw_future_message(f);
-    if (mw__comm_freed(comm))
-        ;
-    else if (bad)
-        mw__comm_fail(comm, -EPROTO, "rank %d: %s", p->rank, bad);
-    else
-        peer_ready(p, m->data);
+    if (mw__comm_freed(comm)) {
+        drop_connecting(k);
+    } else if (!m && comm->create_f) {
+        /* Dropped without a word: whoever listens there is not (yet) this
+         * rank -- a process of another job refusing us, or the rank
+         * restarting.  Again shortly, until the deadline. */
+        MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s before its hello; retrying", p->rank, bad);
+        mw_conn_abort(p->conn);
+        p->conn = NULL;
+        comm->dropped = true;
+        retry_later(k);
+    } else {
+        drop_connecting(k);
+        if (bad)
+            mw__comm_fail(comm, -EPROTO, "rank %d: %s", p->rank, bad);
+        else
+            peer_ready(p, m->data);
+    }
     mw_msg_free(m);
     mw_future_unref(f);
     mw__comm_unref(comm);
@@ -414,20 +432,28 @@ static void on_connected(mw_future_t *f, void *arg)
         if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, c, p->scratch) < 0 ||
             !(h = mw_recv(c))) {
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
-        } else {
+        } else {                  /* the attempt lives on until the hello is in */
+            p->connecting = k;
             mw__comm_ref(comm);
             mw__future_then_in(h, &p->hello, on_peer_hello, p);
+            mw_future_unref(f);
+            return;
         }
     } else if (comm->create_f && !mw__comm_freed(comm)) {   /* not up yet: again shortly */
         MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
-        mw__list_add_tail(&comm->retrying, &k->link);
-        struct timeval tv = {0, RETRY_MS * 1000};
-        mw__ev_add(comm->ctx, k->retry, &tv);
+        retry_later(k);
         mw_future_unref(f);
         return;
     }
     mw_future_unref(f);
     drop_connecting(k);
+}
+
+static void retry_later(struct connecting *k)
+{
+    mw__list_add_tail(&k->comm->retrying, &k->link);
+    struct timeval tv = {0, RETRY_MS * 1000};
+    mw__ev_add(k->comm->ctx, k->retry, &tv);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -471,8 +497,9 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     for (int r = 0; r < comm->nranks; r++)
         if (r != comm->rank && !comm->peers[r].ready)
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
-    mw__comm_fail(comm, -ETIMEDOUT, "after %u ms still missing ranks:%s", comm->opts.timeout_ms,
-                  missing);
+    mw__comm_fail(comm, -ETIMEDOUT, "after %u ms still missing ranks:%s%s", comm->opts.timeout_ms,
+                  missing, comm->dropped ? " (dropped before their hello: whoever listens "
+                                           "there is of another job, or not up)" : "");
 }
 
 /* Where this rank listens: every local address, on its entry's port. */

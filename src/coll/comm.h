@@ -12,6 +12,7 @@
 #include "core/list.h"
 
 struct mw__run;
+struct connecting;
 
 /* The collectives layer's slot in the context: communicators not yet
  * freed, so that the context's teardown frees them too. */
@@ -35,6 +36,7 @@ struct mw__peer {
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
     struct mw__cb hello;          /* waits for its hello */
+    struct connecting *connecting; /* our attempt, until its hello is in */
     struct mw__cb closed;         /* waits for its connection to go, at the end */
     bool ready;
     int gone;                     /* why the peer is unreachable (0: it is not) */
@@ -56,6 +58,7 @@ struct mw__comm {
     int ready;                    /* peers whose hello and scratch arrived */
     int err;                      /* the mesh broke: every collective fails */
     char why[160];
+    bool dropped;                 /* a rank we connected to dropped us before its hello */
     uint8_t seq;                  /* of the next collective, on the wire */
     int allreduce_algo;           /* enum mw__algo: MW_ALLREDUCE_ALGO, read at
                                      creation and agreed by every rank's hello */

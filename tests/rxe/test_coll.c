@@ -472,7 +472,9 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         o.slot_size = 4096;
         o.slots = 1;
     }
-    bool stale = !strcmp(mode, "stale");
+    /* "stale": a rank of an earlier job, listening on another host;
+     * "stalelisten": the same, at its own entry's port */
+    bool stale = !strcmp(mode, "stale") || !strcmp(mode, "stalelisten");
     if (stale || !strcmp(mode, "newjob")) {     /* two jobs at one set of ports */
         if (!stale && rank == 1)
             usleep(1500 * 1000);  /* the stale one reaches rank 0 first */
@@ -661,6 +663,34 @@ static void stale_rank_of_another_job(void **s)
     assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
     assert_true(WIFEXITED(st_stale) && WEXITSTATUS(st_stale) == 0);
 }
+/* The reverse: a rank 0 left over from an earlier job still listens at
+ * rank 0's port when the new rank 1 starts.  It drops the new rank 1
+ * without a hello (a stranger); rank 1 retries until the new rank 0 is
+ * there, as it would while a rank starts. */
+static void stale_listener_of_another_job(void **s)
+{
+    (void)s;
+    int port = 20000 + (getpid() * 7 + 1231) % 20000;
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    char *stale_argv[] = {self_path, "rank", "0", "2", p, "stalelisten", NULL};
+    char *new_argv[] = {self_path, "rank", "1", "2", p, "newjob", NULL};
+    pid_t stale, fresh;
+    assert_int_equal(posix_spawn(&stale, self_path, NULL, NULL, stale_argv, environ), 0);
+    usleep(300 * 1000);                       /* it listens by now */
+    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
+    int st_stale, st_fresh;
+    waitpid(stale, &st_stale, 0);             /* gone after its own deadline */
+    int rc0 = run_rank(0, 2, port, "newjob");
+    waitpid(fresh, &st_fresh, 0);
+    printf("stale listener of another job: stale rank 0 %s, new rank 1 %s, new rank 0 %s\n",
+           WIFEXITED(st_stale) && !WEXITSTATUS(st_stale) ? "failed alone" : "FORMED A COMM",
+           WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED", rc0 ? "FAILED" : "ok");
+    assert_true(WIFEXITED(st_stale) && WEXITSTATUS(st_stale) == 0);
+    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
+    assert_int_equal(rc0, 0);
+}
+
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
 static void algo_mismatch_2(void **s) { (void)s; run_ranks(2, "algo"); }
 static void regcache_2(void **s) { (void)s; run_ranks(2, "regcache"); }
@@ -693,6 +723,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(local_failure_2), cmocka_unit_test(deadline_2),
         cmocka_unit_test(algo_mismatch_2), cmocka_unit_test(regcache_2),
         cmocka_unit_test(smallest_slots_2), cmocka_unit_test(stale_rank_of_another_job),
+        cmocka_unit_test(stale_listener_of_another_job),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
         cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
         cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),
