@@ -559,7 +559,7 @@ typedef struct mw_remote {
  *  connection is freed; after that the peer's accesses fail (-EACCES there,
  *  and its connection breaks).  The key is not yet tied to @c: within one
  *  context a peer on another connection that guesses it reaches the same
- *  range (one protection domain per device; see README, limits).
+ *  range (one protection domain per device; README, "Not yet closed").
  *  Return: 0, -EINVAL (NULL, len 0), -EFAULT (not registered memory),
  *  -ENOTCONN (no device yet), or the device's error. */
 MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);

@@ -364,7 +364,7 @@ static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
 
 /* --- the ranks below: we connect to them --------------------------------- */
 
-struct connecting {
+struct mw__connecting {
     struct mw__comm *comm;
     int rank;
     char addr[256];
@@ -373,10 +373,10 @@ struct connecting {
     struct mw__cb connected;
 };
 
-static int try_connect(struct connecting *k);
+static int try_connect(struct mw__connecting *k);
 
 /* The attempt is over: let go of its record and its reference. */
-static void drop_connecting(struct connecting *k)
+static void drop_connecting(struct mw__connecting *k)
 {
     struct mw__comm *comm = k->comm;
     event_free(k->retry);
@@ -384,13 +384,13 @@ static void drop_connecting(struct connecting *k)
     mw__comm_unref(comm);
 }
 
-static void retry_later(struct connecting *k);
+static void retry_later(struct mw__connecting *k);
 
 static void on_peer_hello(mw_future_t *f, void *arg)
 {
     struct mw__peer *p = arg;
     struct mw__comm *comm = p->comm;
-    struct connecting *k = p->connecting;
+    struct mw__connecting *k = p->connecting;
     p->connecting = NULL;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     bool ours;
@@ -420,7 +420,7 @@ static void on_peer_hello(mw_future_t *f, void *arg)
 
 static void on_connected(mw_future_t *f, void *arg)
 {
-    struct connecting *k = arg;
+    struct mw__connecting *k = arg;
     struct mw__comm *comm = k->comm;
     bool ok = mw_future_state(f) == MW_FUTURE_DONE;
     if (ok && mw__comm_freed(comm)) {
@@ -449,7 +449,7 @@ static void on_connected(mw_future_t *f, void *arg)
     drop_connecting(k);
 }
 
-static void retry_later(struct connecting *k)
+static void retry_later(struct mw__connecting *k)
 {
     mw__list_add_tail(&k->comm->retrying, &k->link);
     struct timeval tv = {0, RETRY_MS * 1000};
@@ -460,7 +460,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    struct connecting *k = arg;
+    struct mw__connecting *k = arg;
     mw__list_del(&k->link);
     if (try_connect(k) < 0) {
         mw__comm_fail(k->comm, -ENOMEM, "cannot connect to rank %d: no memory", k->rank);
@@ -473,13 +473,13 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 static void drop_retries(struct mw__comm *comm)
 {
     while (!mw__list_empty(&comm->retrying)) {
-        struct connecting *k = mw__container_of(comm->retrying.next, struct connecting, link);
+        struct mw__connecting *k = mw__container_of(comm->retrying.next, struct mw__connecting, link);
         mw__list_del(&k->link);
         drop_connecting(k);       /* the owner's reference is still held */
     }
 }
 
-static int try_connect(struct connecting *k)
+static int try_connect(struct mw__connecting *k)
 {
     mw_future_t *f = mw_connect(k->comm->ctx, k->addr, &k->comm->opts.conn);
     if (!f)
@@ -521,10 +521,10 @@ static int start(struct mw__comm *comm, const char *const *peers)
     if (rc < 0)
         return rc;
     for (int r = 0; r < comm->rank; r++) {
-        struct connecting *k = mw__calloc(1, sizeof *k);
+        struct mw__connecting *k = mw__calloc(1, sizeof *k);
         if (!k)
             return -ENOMEM;
-        *k = (struct connecting){.comm = comm, .rank = r};
+        *k = (struct mw__connecting){.comm = comm, .rank = r};
         snprintf(k->addr, sizeof k->addr, "%s", peers[r]);
         if (!(k->retry = evtimer_new(comm->ctx->base, on_retry, k))) {
             mw__free(k);

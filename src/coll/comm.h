@@ -12,7 +12,7 @@
 #include "core/list.h"
 
 struct mw__run;
-struct connecting;
+struct mw__connecting;
 
 /* The collectives layer's slot in the context: communicators not yet
  * freed, so that the context's teardown frees them too. */
@@ -36,7 +36,7 @@ struct mw__peer {
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
     struct mw__cb hello;          /* waits for its hello */
-    struct connecting *connecting; /* our attempt, until its hello is in */
+    struct mw__connecting *connecting; /* our attempt, until its hello is in */
     struct mw__cb closed;         /* waits for its connection to go, at the end */
     bool ready;
     int gone;                     /* why the peer is unreachable (0: it is not) */

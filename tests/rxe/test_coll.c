@@ -667,6 +667,7 @@ static void stale_rank_of_another_job(void **s)
     assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
     assert_true(WIFEXITED(st_stale) && WEXITSTATUS(st_stale) == 0);
 }
+
 /* The reverse: a rank 0 left over from an earlier job still listens at
  * rank 0's port when the new rank 1 starts.  It drops the new rank 1
  * without a hello (a stranger); rank 1 retries until the new rank 0 is
