@@ -126,7 +126,8 @@ typedef struct mw_ctx_stats {
     uint64_t futures_live;    /**< allocated and not yet released */
     uint64_t protocol_errors; /**< connections failed for what a peer sent
                                    (malformed fragments, credits never given) */
-    uint64_t devices;         /**< devices opened (a protection domain each) */
+    uint64_t devices;         /**< devices opened (a protection domain each,
+                                   and one per connection on them) */
     uint64_t flushes;         /**< completions that are flushes: work posted
                                    on a queue pair that then closed or failed,
                                    returned unexecuted.  Expected, not errors:
@@ -342,6 +343,8 @@ MW_EXTERN int mw_wait(mw_future_t *f);
 
 /** mw_alloc() - @size bytes registered with every device the context uses
  *  (and with devices it opens later); page aligned when size >= 4096.
+ *  Each connection registers the memory it posts from once more, in its
+ *  own protection domain, at its first use there (see mw_reg).
  *  Return: the memory, or NULL (errno set) for size 0 or out of memory. */
 MW_EXTERN void *mw_alloc(mw_ctx_t *ctx, size_t size);
 
@@ -359,7 +362,11 @@ typedef struct mw_mr mw_mr_t;
  * counted); overlapping ranges are merged into one registration.  The
  * memory stays the caller's: call mw_dereg() before freeing or unmapping
  * it.  Registering pins every page: about a second per GiB on soft-RoCE,
- * in this call (collectives register large buffers off the loop).
+ * in this call (collectives register large buffers off the loop).  A
+ * connection that posts from the range registers it again in its own
+ * protection domain, once, at that first post (the pages are pinned
+ * already, so that costs less than this call); those registrations go with
+ * the connection or the memory, and each counts against RLIMIT_MEMLOCK.
  * Return: 0 or -EINVAL (NULL, len 0, overflow), -ENOMEM, or the device's error.
  */
 MW_EXTERN int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp);
@@ -557,9 +564,9 @@ typedef struct mw_remote {
  *  export stands until mw_mem_unexport(), until its memory is released
  *  (mw_free, the last mw_dereg over it, the memory unmapped), or until the
  *  connection is freed; after that the peer's accesses fail (-EACCES there,
- *  and its connection breaks).  The key is not yet tied to @c: within one
- *  context a peer on another connection that guesses it reaches the same
- *  range (one protection domain per device; README, "Not yet closed").
+ *  and its connection breaks).  The key works on @c only: every connection
+ *  has a protection domain of its own, so a peer on another connection
+ *  that learns or guesses it (of this context or another) is refused.
  *  Return: 0, -EINVAL (NULL, len 0), -EFAULT (not registered memory),
  *  -ENOTCONN (no device yet), or the device's error. */
 MW_EXTERN int mw_mem_export(mw_conn_t *c, void *addr, size_t len, mw_remote_t *out);

@@ -143,6 +143,7 @@ struct mw__conn {
     enum mw__conn_state state;    /* change through mw__conn_set_state */
     struct rdma_cm_id *id;
     struct mw__dev *dev;
+    struct mw__pd *pd;            /* its own: its keys work on no other QP */
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
     void (*timer_fn)(struct mw__conn *c);

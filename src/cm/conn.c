@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/cq.h"
 #include "core/dev.h"
+#include "core/mem.h"
 #include "core/future.h"
 #include "core/handle.h"
 #include "core/op.h"
@@ -164,7 +165,12 @@ static int create_qp(struct mw__conn *c, char *why, size_t cap)
         .cap = {.max_send_wr = send_wr, .max_recv_wr = recv_wr,
                 .max_send_sge = 1, .max_recv_sge = 1},
     };
-    if (rdma_create_qp(c->id, dev->pd, &a) == 0)
+    if ((rc = mw__pd_new(c->ctx, dev, &c->pd)) < 0) {
+        snprintf(why, cap, "cannot allocate a protection domain on %s: %s", dev->name,
+                 mw_strerror(rc));
+        return rc;
+    }
+    if (rdma_create_qp(c->id, c->pd->pd, &a) == 0)
         return 0;
     rc = errno ? -errno : -ENOMEM;
     snprintf(why, cap, "cannot create a queue pair on %s: %s", dev->name, mw_strerror(rc));
@@ -412,6 +418,8 @@ void mw__conn_free(struct mw__conn *c)
         rdma_destroy_id(c->id);
     }
     mw__rdma_drop_exports(c);
+    mw__pd_free(c->ctx, c->pd);   /* after the QP and the exports in it */
+    c->pd = NULL;
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     mw__queue_drop_all(c);
@@ -526,6 +534,8 @@ void mw__conn_drop_attempt(struct mw__conn *c)
     if (c->id->qp)
         rdma_destroy_qp(c->id);
     mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */
+    mw__pd_free(c->ctx, c->pd);
+    c->pd = NULL;
     if (c->cqe_reserved)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     c->cqe_reserved = 0;

@@ -25,8 +25,7 @@ static int post_recv(struct mw__conn *c, unsigned i)
 {
     struct mw__recv_slot *s = &c->slots[i];
     struct ibv_sge sge = {.addr = (uintptr_t)s->buf, .length = c->opts.slot_size};
-    uint32_t rkey;
-    int rc = mw__mem_keys(c->ctx, c->dev, s->buf, c->opts.slot_size, &sge.lkey, &rkey);
+    int rc = mw__mem_keys(c->ctx, c->pd, s->buf, c->opts.slot_size, &sge.lkey);
     if (rc < 0)
         return rc;
     struct ibv_recv_wr wr = {.wr_id = s->op->wr_id, .sg_list = &sge, .num_sge = 1}, *bad;

@@ -34,12 +34,12 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
         return err;
     if (!addr || !len || !out)
         return -EINVAL;
-    if (!c->dev || c->dev->removed)
+    if (!c->pd || c->dev->removed)
         return -ENOTCONN;
     struct mw__conn_export *x = mw__calloc(1, sizeof *x);
     if (!x)
         return -ENOMEM;
-    int rc = mw__export_new(c->ctx, c->dev, addr, len, &x->e);
+    int rc = mw__export_new(c->ctx, c->pd, addr, len, &x->e);
     if (rc < 0) {
         mw__free(x);
         return rc;
@@ -189,7 +189,7 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
     if (!f)
         return NULL;
     int rc = c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
-    uint32_t lkey = 0, rkey_unused;
+    uint32_t lkey = 0;
     const char *why = c->err ? c->why : "connection closing";
     if (rc == 0 && (!rem || (!local && len) || (!len && !with_imm))) {
         rc = -EINVAL;
@@ -197,10 +197,9 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
     } else if (rc == 0 && (offset > rem->len || len > rem->len - offset)) {
         rc = -ERANGE;
         why = "outside the remote memory exported";
-    } else if (rc == 0 && len &&
-               mw__mem_keys(c->ctx, c->dev, local, len, &lkey, &rkey_unused) < 0) {
-        rc = -EFAULT;
-        why = "local memory not registered (use mw_alloc or mw_reg)";
+    } else if (rc == 0 && len && (rc = mw__mem_keys(c->ctx, c->pd, local, len, &lkey)) < 0) {
+        why = rc == -EFAULT ? "local memory not registered (use mw_alloc or mw_reg)"
+                            : "cannot register the local memory for this connection";
     }
     struct mw__rdma *r = rc ? NULL : mw__calloc(1, sizeof *r);
     if (rc == 0 && (!r || !(r->op = mw__op_get(c->ctx, on_chunk_done, NULL, c)))) {

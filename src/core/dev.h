@@ -58,6 +58,14 @@ void mw__devs_free(mw_ctx_t *ctx);
  * the kernel can finish the removal.  The slot stays, empty: device
  * indexes (and the keys tables by index) keep their meaning. */
 void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__pd_new() / mw__pd_free() - a protection domain of its own for one
+ * connection on @dev (pd.c; core/mem.h says why).  Free it after its queue
+ * pair and its exports: it drops the registrations made in it.  The first
+ * returns 0 or a negative errno. */
+struct mw__pd;
+int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out);
+void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd);
+
 /* mw__dev_find() - the open device with verbs context @verbs, or NULL. */
 struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs);
 

@@ -9,15 +9,15 @@
 #include "core/dev.h"
 #include "core/region.h"
 
-int mw__export_new(mw_ctx_t *ctx, struct mw__dev *dev, void *addr, size_t len,
+int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e)
 {
-    uint32_t lkey, rkey;
-    int rc = mw__mem_keys(ctx, dev, addr, len, &lkey, &rkey);
+    int rc = mw__mem_dev_keys(ctx, pd->dev, addr, len, NULL, NULL);
     if (rc < 0)
         return rc;                /* not registered memory: -EFAULT */
     errno = 0;
-    e->mr = ibv_reg_mr(dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+    /* In the connection's own domain: its key works on no other queue pair. */
+    e->mr = ibv_reg_mr(pd->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                                IBV_ACCESS_REMOTE_READ);
     if (!e->mr)
         return errno ? -errno : -ENOMEM;

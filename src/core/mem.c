@@ -18,13 +18,13 @@
  * The real backend
  * ------------------------------------------------------------------------ */
 
-static void *ibv_backend_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
-                             uint32_t *lkey, uint32_t *rkey)
+static void *ibv_backend_reg(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
+                             size_t len, uint32_t *lkey, uint32_t *rkey)
 {
     (void)be;
     /* Local access only: a peer reaches memory through the registration
      * mw_mem_export makes over exactly the range exported, nothing else. */
-    struct ibv_mr *mr = ibv_reg_mr(dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *mr = ibv_reg_mr(pd ? pd->pd : dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
     if (!mr)
         return NULL;           /* errno set by ibv_reg_mr */
     *lkey = mr->lkey;
@@ -124,7 +124,7 @@ static void devreg_work(struct mw__job *j)
         struct mw__regjob_entry *e = &d->e[i];
         d->tried++;
         errno = 0;
-        e->handle = d->be.reg(d->be.be, d->dev, e->addr, e->len, &e->lkey, &e->rkey);
+        e->handle = d->be.reg(d->be.be, d->dev, NULL, e->addr, e->len, &e->lkey, &e->rkey);
         if (!e->handle) {
             e->err = errno > 0 ? -errno : -EIO;
             break;                /* the device is not usable: stop here */
@@ -224,6 +224,7 @@ int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r)
     struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
     if (!d)
         return mw__region_fini(&m->rg, r);
+    int rc = mw__region_drop_pd_keys(&m->rg, r);
     *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,
                             .be = m->rg.be, .keys = r->keys, .n = r->nkeys};
     r->keys = NULL;               /* the job owns them now */
@@ -233,7 +234,7 @@ int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r)
         dereg_work(&d->job);      /* no helper: here, then */
         dereg_done(&d->job);
     }
-    return 0;
+    return rc;
 }
 
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
@@ -242,23 +243,68 @@ void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
         mw__registrar_remove_dev(&ctx->mem->rg, dev);
 }
 
-int mw__mem_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
-                 size_t len, uint32_t *lkey, uint32_t *rkey)
+int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd)
+{
+    return mw__registrar_add_pd(&ctx->mem->rg, pd);
+}
+
+void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd)
+{
+    if (ctx && ctx->mem && pd)
+        mw__registrar_remove_pd(&ctx->mem->rg, pd);
+}
+
+/* The live region containing [addr, addr+len) with keys of @dev: 0 with
+ * *@rp set, -EINVAL (an empty or wrapping range), -EFAULT (none). */
+static int find(struct mw__mem *m, const struct mw__dev *dev, const void *addr, size_t len,
+                struct mw__region **rp)
 {
     uintptr_t start = (uintptr_t)addr, end;
     if (!len || __builtin_add_overflow(start, len, &end))
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
-    if (!m || !mw__registrar_has(&m->rg, dev))
-        return -ENODEV;
-    const struct mw__region *r = mw__rindex_find(&m->arena_ix, start, end);
+    struct mw__region *r = mw__rindex_find(&m->arena_ix, start, end);
     if (!r) {
         mw__regcache_sync(m);     /* memory that went is never found */
         r = mw__rindex_find(&m->user_ix, start, end);
     }
-    if (!r || !r->keys[dev->index].handle)   /* none, or not yet on this device */
-        return -EFAULT;
-    *lkey = r->keys[dev->index].lkey;
-    *rkey = r->keys[dev->index].rkey;
+    *rp = r;
+    return r && r->keys[dev->index].handle ? 0 : -EFAULT;   /* or not yet on this device */
+}
+
+int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                     uint32_t *lkey, uint32_t *rkey)
+{
+    struct mw__mem *m = ctx->mem;
+    if (!m || !mw__registrar_has(&m->rg, dev))
+        return -ENODEV;
+    struct mw__region *r;
+    int rc = find(m, dev, addr, len, &r);
+    if (rc < 0)
+        return rc;
+    if (lkey)
+        *lkey = r->keys[dev->index].lkey;
+    if (rkey)
+        *rkey = r->keys[dev->index].rkey;
+    return 0;
+}
+
+int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
+                 uint32_t *lkey)
+{
+    struct mw__mem *m = ctx->mem;
+    if (!m || !pd || !mw__registrar_has(&m->rg, pd->dev) || pd->slot < 0)
+        return -ENODEV;
+    struct mw__region *r;
+    int rc = find(m, pd->dev, addr, len, &r);
+    if (rc < 0)
+        return rc;
+    const struct mw__keys *k;
+    rc = mw__region_pd_keys(&m->rg, r, pd, &k);
+    if (rc < 0) {
+        MW_LOG(ctx, MW_LOG_WARN, "registering [%#lx, %#lx) for a connection failed: %s",
+               (unsigned long)r->start, (unsigned long)r->end, mw_strerror(rc));
+        return rc == -EFAULT || rc == -EINVAL ? -EIO : rc;   /* those mean the range here */
+    }
+    *lkey = k->lkey;
     return 0;
 }

@@ -13,14 +13,30 @@
 
 struct mw__dev;
 struct ibv_mr;
+struct ibv_pd;
 
-/* How a region gets registered with one device.  The real backend calls
+/* A protection domain of one connection (pd.c): its queue pair, its
+ * exports, and its own registrations of the memory it posts from.  Keys
+ * made in one domain work on no other connection's queue pair, so a peer
+ * that learns or guesses a key of another connection reaches nothing.
+ * All memory stays registered with each device's own domain too: that
+ * pins it (off the loop where large) and says what is registered; a
+ * connection's domain registers a region again, at its first post from it
+ * (already pinned: about as cheap as a lookup of its pages). */
+struct mw__pd {
+    struct mw__dev *dev;
+    struct ibv_pd *pd;
+    int slot;                     /* in the registrar's table; -1: none */
+};
+
+/* How a region gets registered with one device, or in one connection's
+ * protection domain (@pd; NULL: the device's own).  The real backend calls
  * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
 struct mw__reg_backend {
-    /* register [addr, addr+len) with @dev; fill keys; return a handle or
-     * NULL with errno set */
-    void *(*reg)(void *be, struct mw__dev *dev, void *addr, size_t len,
-                 uint32_t *lkey, uint32_t *rkey);
+    /* register [addr, addr+len); fill keys; return a handle or NULL with
+     * errno set */
+    void *(*reg)(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
+                 size_t len, uint32_t *lkey, uint32_t *rkey);
     /* release a handle from reg(); return 0 or a negative errno */
     int (*dereg)(void *be, void *handle);
     void *be;
@@ -73,10 +89,25 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
  * from it. */
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 
-/* mw__mem_keys() - keys of @dev for [addr, addr+len), which must lie inside
- * one region.  Return 0, or -EFAULT when the range is not registered. */
-int mw__mem_keys(mw_ctx_t *ctx, const struct mw__dev *dev,
-                 const void *addr, size_t len, uint32_t *lkey, uint32_t *rkey);
+/* mw__mem_add_pd() / mw__mem_remove_pd() - a connection's protection
+ * domain joins the memory layer (a slot, nothing registered yet) / leaves
+ * it (every registration in it dropped: it may be deallocated).  The first
+ * returns 0 or -ENOMEM. */
+int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+
+/* mw__mem_keys() - the local key of @pd for [addr, addr+len), which must
+ * lie inside one region registered with @pd's device; the region is
+ * registered in @pd on first use.  Return 0, -EFAULT when the range is not
+ * registered memory, -ENODEV (@pd unknown), or the registration's error. */
+int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
+                 uint32_t *lkey);
+
+/* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
+ * registered with @dev, and that registration's keys (@lkey, @rkey may be
+ * NULL).  Return 0, -EFAULT (not registered), -ENODEV (@dev unknown). */
+int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                     uint32_t *lkey, uint32_t *rkey);
 
 /* An export: a registration of its own over exactly [start, end), the only
  * kind with remote access (those behind mw_alloc and mw_reg are local
@@ -93,9 +124,9 @@ struct mw__export {
 };
 
 /* mw__export_new() - register [addr, addr+len) of registered memory for
- * remote access on @dev into @e.  Return 0, -EFAULT (not memory from
- * mw_alloc or mw_reg), or the device's error. */
-int mw__export_new(mw_ctx_t *ctx, struct mw__dev *dev, void *addr, size_t len,
+ * remote access in @pd (the connection's own) into @e.  Return 0, -EFAULT
+ * (not memory from mw_alloc or mw_reg), or the device's error. */
+int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e);
 /* mw__export_withdraw() - deregister @e: its key works no more.  Again is
  * a no-op. */

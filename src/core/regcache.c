@@ -375,7 +375,7 @@ static void areg_work(struct mw__job *j)
         if (!a->devs[i])
             continue;
         errno = 0;
-        k->handle = a->be.reg(a->be.be, a->devs[i], (void *)a->start, a->end - a->start,
+        k->handle = a->be.reg(a->be.be, a->devs[i], NULL, (void *)a->start, a->end - a->start,
                               &k->lkey, &k->rkey);
         if (!k->handle)
             a->err = errno > 0 ? -errno : -EIO;

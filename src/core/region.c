@@ -20,18 +20,20 @@ void mw__registrar_init(struct mw__registrar *rg, const struct mw__reg_backend *
 void mw__registrar_fini(struct mw__registrar *rg)
 {
     mw__free(rg->devs);
+    mw__free(rg->pds);
     rg->devs = NULL;
-    rg->nslots = 0;
+    rg->pds = NULL;
+    rg->nslots = rg->npds = 0;
 }
 
-/* One backend registration; errors normalised to a negative errno. */
-static int reg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+/* One backend registration into @k; errors normalised to a negative errno. */
+static int reg_keys(struct mw__registrar *rg, struct mw__region *r, struct mw__dev *dev,
+                    const struct mw__pd *pd, struct mw__keys *k)
 {
-    struct mw__keys *k = &r->keys[i];
     (*rg->nreg)++;
     errno = 0;
-    k->handle = rg->be.reg(rg->be.be, rg->devs[i], (void *)r->start,
-                           r->end - r->start, &k->lkey, &k->rkey);
+    k->handle = rg->be.reg(rg->be.be, dev, pd, (void *)r->start, r->end - r->start, &k->lkey,
+                           &k->rkey);
     if (k->handle)
         return 0;
     int err = errno > 0 ? -errno : -EIO;
@@ -39,9 +41,8 @@ static int reg_one(struct mw__registrar *rg, struct mw__region *r, int i)
     return err;
 }
 
-static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+static int dereg_keys(struct mw__registrar *rg, struct mw__keys *k)
 {
-    struct mw__keys *k = &r->keys[i];
     if (!k->handle)
         return 0;
     (*rg->ndereg)++;
@@ -50,6 +51,31 @@ static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
      * meaningfully, and keeping it would only dangle. */
     *k = (struct mw__keys){0};
     return rc > 0 ? -rc : rc;
+}
+
+static int reg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+{
+    return reg_keys(rg, r, rg->devs[i], NULL, &r->keys[i]);
+}
+
+static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
+{
+    return dereg_keys(rg, &r->keys[i]);
+}
+
+/* Drop every key of @r in a protection domain; the first error. */
+static int dereg_pd_keys(struct mw__registrar *rg, struct mw__region *r)
+{
+    int err = 0;
+    for (int i = 0; i < r->npkeys; i++) {
+        int rc = dereg_keys(rg, &r->pkeys[i]);
+        if (rc < 0 && !err)
+            err = rc;
+    }
+    mw__free(r->pkeys);
+    r->pkeys = NULL;
+    r->npkeys = 0;
+    return err;
 }
 
 int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
@@ -110,7 +136,7 @@ int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t s
 
 int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
 {
-    int err = 0;
+    int err = dereg_pd_keys(rg, r);
     for (int i = 0; i < r->nkeys; i++) {
         int rc = dereg_one(rg, r, i);
         if (rc < 0 && !err)
@@ -122,6 +148,72 @@ int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
     r->nkeys = 0;
     return err;
 }
+
+int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r)
+{
+    return dereg_pd_keys(rg, r);
+}
+
+/* ------------------------------------------------------------------------
+ * Connections' protection domains: a slot each, registrations made lazily
+ * ------------------------------------------------------------------------ */
+
+int mw__registrar_add_pd(struct mw__registrar *rg, struct mw__pd *pd)
+{
+    int i = 0;
+    while (i < rg->npds && rg->pds[i])
+        i++;
+    if (i == rg->npds) {
+        int n = rg->npds ? 2 * rg->npds : 8;
+        struct mw__pd **v = mw__realloc(rg->pds, (size_t)n * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        memset(v + rg->npds, 0, (size_t)(n - rg->npds) * sizeof *v);
+        rg->pds = v;
+        rg->npds = n;
+    }
+    rg->pds[i] = pd;
+    pd->slot = i;
+    return 0;
+}
+
+void mw__registrar_remove_pd(struct mw__registrar *rg, struct mw__pd *pd)
+{
+    if (pd->slot < 0 || pd->slot >= rg->npds || rg->pds[pd->slot] != pd)
+        return;
+    struct mw__region *r;
+    mw__list_for_each(r, &rg->all, link)
+        if (pd->slot < r->npkeys)
+            dereg_keys(rg, &r->pkeys[pd->slot]);
+    rg->pds[pd->slot] = NULL;
+    pd->slot = -1;
+}
+
+int mw__region_pd_keys(struct mw__registrar *rg, struct mw__region *r,
+                       const struct mw__pd *pd, const struct mw__keys **k)
+{
+    int i = pd->slot;
+    if (i >= r->npkeys) {
+        int n = rg->npds;         /* > i: grown once per table growth */
+        struct mw__keys *v = mw__realloc(r->pkeys, (size_t)n * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        memset(v + r->npkeys, 0, (size_t)(n - r->npkeys) * sizeof *v);
+        r->pkeys = v;
+        r->npkeys = n;
+    }
+    if (!r->pkeys[i].handle) {
+        int rc = reg_keys(rg, r, pd->dev, pd, &r->pkeys[i]);
+        if (rc < 0)
+            return rc;
+    }
+    *k = &r->pkeys[i];
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Devices
+ * ------------------------------------------------------------------------ */
 
 /* Make every region's key table and the device table @n long.  A failure
  * half way leaves some tables longer than needed, which is harmless. */

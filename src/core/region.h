@@ -1,6 +1,7 @@
 /* Regions: address ranges registered with every device the memory layer
- * knows, their per-device keys, and a sorted index for the post path's
- * address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
+ * knows, their per-device keys, their keys in each connection's protection
+ * domain where a connection has posted from them, and a sorted index for
+ * the post path's address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
  * so it runs (and is tested) without an RDMA device.  Also the state shared
  * by mem.c (mw__mem_*, mw_reg) and arena.c (mw_alloc, jemalloc hooks). */
 #ifndef MW_CORE_REGION_H
@@ -28,6 +29,8 @@ struct mw__region {
     uintptr_t start, end;
     struct mw__keys *keys;    /* by device index; nkeys >= registrar's nslots */
     int nkeys;
+    struct mw__keys *pkeys;   /* by protection domain slot, made on first use */
+    int npkeys;
     struct mw__list link;     /* in the registrar's list of live regions */
 };
 
@@ -37,6 +40,8 @@ struct mw__registrar {
     struct mw__dev **devs;    /* by dev->index; NULL where none was added */
     int nslots;               /* length of devs */
     int ndevs;                /* devices added */
+    struct mw__pd **pds;      /* by pd->slot; NULL where free */
+    int npds;                 /* length of pds */
     struct mw__list all;      /* every live region, whoever owns it */
     uint64_t *nreg, *ndereg;  /* counters bumped per backend call */
     uint64_t next_id;
@@ -63,6 +68,17 @@ int mw__registrar_add_dev(struct mw__registrar *rg, struct mw__dev *dev);
 /* mw__registrar_remove_dev() - deregister every region from @dev (it is
  * going away) and forget it; regions registered later skip its slot. */
 void mw__registrar_remove_dev(struct mw__registrar *rg, struct mw__dev *dev);
+
+/* mw__registrar_add_pd() - give @pd a slot (a free one, or a new one);
+ * nothing is registered in it until mw__region_pd_keys asks.  -ENOMEM. */
+int mw__registrar_add_pd(struct mw__registrar *rg, struct mw__pd *pd);
+/* mw__registrar_remove_pd() - deregister every region from @pd and free
+ * its slot: after this the domain holds no registration of ours. */
+void mw__registrar_remove_pd(struct mw__registrar *rg, struct mw__pd *pd);
+/* mw__region_pd_keys() - @r's keys in @pd, registering @r there on first
+ * use.  Return 0 with *@k set, or the backend's error / -ENOMEM. */
+int mw__region_pd_keys(struct mw__registrar *rg, struct mw__region *r,
+                       const struct mw__pd *pd, const struct mw__keys **k);
 
 /* Adding a device without registering in the caller's thread: begin_dev
  * makes @dev known (regions made from now on register with it at once)
@@ -96,9 +112,13 @@ int mw__region_init(struct mw__registrar *rg, struct mw__region *r,
 int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t start,
                      size_t len, struct mw__keys *keys, int nkeys);
 
-/* mw__region_fini() - deregister @r from every device and unlink it.  The
+/* mw__region_fini() - deregister @r from every device and protection
+ * domain and unlink it.  The
  * handles are dropped even when the backend fails; returns its first error. */
 int mw__region_fini(struct mw__registrar *rg, struct mw__region *r);
+/* mw__region_drop_pd_keys() - deregister @r from every protection domain
+ * only; returns the first error. */
+int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r);
 
 /* An index of regions sorted by start.  Its users keep the regions in one
  * index pairwise disjoint, which makes the region containing an address
@@ -173,8 +193,10 @@ void mw__regcache_free(struct mw__mem *m);
  * atomic load when nothing went. */
 void mw__regcache_sync(struct mw__mem *m);
 
-/* mw__region_dereg_later() - deregister @r's keys on the helper thread when
- * it is large (the loop must not wait), else now; @r is unlinked either
+/* mw__region_dereg_later() - deregister @r's device keys on the helper
+ * thread when it is large (the loop must not wait), else now (its keys in
+ * protection domains go now either way: a domain is freed right after its
+ * connection, and must hold nothing by then); @r is unlinked either
  * way and may be freed when this returns.  Returns the first error seen
  * now (0 when left to the helper). */
 int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r);

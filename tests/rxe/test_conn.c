@@ -360,6 +360,64 @@ static void remote_side_enforces_the_export(void **state)
     }
 }
 
+/* An export's key works on its own connection only: each connection has a
+ * protection domain of its own.  A peer on another connection -- of the
+ * same client context, or of another context (a second client of the same
+ * server) -- that has the exact descriptor is refused by the device, for
+ * reads as for writes, and the memory keeps its bytes; the export still
+ * works on its own connection afterwards. */
+static void keys_work_only_on_their_connection(void **state)
+{
+    (void)state;
+    const char *ways[] = {"write, same client", "read, same client", "write, other client"};
+    for (int k = 0; k < 3; k++) {
+        struct pair *p;
+        pair_setup((void **)&p);
+        mw_ctx_t *other = NULL;
+        if (k == 2)
+            assert_int_equal(mw_ctx_new(&other, NULL, NULL), 0);
+        mw_ctx_t *actx = other ? other : p->ctx;
+        mw_future_t *cf = rxe_connect_future(actx, addrs[1], p->s.port, NULL);  /* the stranger */
+        for (int i = 0; mw_future_state(cf) == MW_FUTURE_PENDING && i < 1000; i++) {
+            loop_for(p->ctx, 5);                  /* two contexts, one thread: turn by turn */
+            if (other)
+                loop_for(other, 5);
+        }
+        assert_int_equal(mw_future_state(cf), MW_FUTURE_DONE);
+        mw_conn_t *a = mw_future_value(cf);
+        mw_future_unref(cf);
+        rxe_wait_accepted(&p->s, 2);
+        uint8_t *page = mw_alloc(p->ctx, 4096), *src = mw_alloc(p->ctx, 4096);
+        uint8_t *asrc = mw_alloc(actx, 4096);
+        memset(page, 0xAB, 4096);
+        memset(src, 0x11, 4096);
+        memset(asrc, 0x22, 4096);
+        mw_remote_t r;
+        assert_int_equal(mw_mem_export(p->p, page, 4096, &r), 0);   /* for p->c only */
+        mw_future_t *f = k == 1 ? mw_read(a, asrc, 4096, &r, 0) : mw_write(a, asrc, 4096, &r, 0);
+        int rc = mw_wait(f);
+        printf("descriptor of another connection (%s): %s (%s)\n", ways[k],
+               rc ? mw_strerror(rc) : "DONE", mw_future_message(f));
+        assert_int_equal(rc, -EACCES);
+        mw_future_unref(f);
+        for (int i = 0; i < 4096; i++) {
+            assert_int_equal(page[i], 0xAB);
+            assert_int_equal(asrc[i], 0x22);   /* nor read */
+        }
+        f = mw_write(p->c, src, 4096, &r, 0);                    /* its own: lands */
+        assert_int_equal(mw_wait(f), 0);
+        mw_future_unref(f);
+        assert_memory_equal(page, src, 4096);
+        mw_conn_abort(a);
+        mw_free(actx, asrc);
+        mw_free(p->ctx, page);
+        mw_free(p->ctx, src);
+        if (other)
+            mw_ctx_free(other);
+        pair_teardown((void **)&p);
+    }
+}
+
 /* An export withdrawn -- by mw_mem_unexport, or because its memory was
  * released (mw_free, the last mw_dereg) -- reaches nothing: a peer still
  * holding the descriptor is refused by the device, and memory handed out
@@ -750,6 +808,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
         cmocka_unit_test(remote_side_enforces_the_export),
         cmocka_unit_test(withdrawn_exports_reach_nothing),
+        cmocka_unit_test(keys_work_only_on_their_connection),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(use_after_close_is_refused, pair_setup, pair_teardown),

@@ -104,7 +104,7 @@ static struct writer writer_for(struct fx *f, char *src, char *dst, size_t len)
     struct writer w = {.ctx = f->ctx, .qp = f->qp.client->qp, .src = src, .dst = dst,
                        .len = len, .target = 1, .window = 1};
     uint32_t rk;
-    assert_int_equal(mw__mem_keys(f->ctx, f->qp.cdev, src, len, &w.lkey, &rk), 0);
+    assert_int_equal(mw__mem_dev_keys(f->ctx, f->qp.cdev, src, len, &w.lkey, &rk), 0);
     w.export = ibv_reg_mr(f->qp.sdev->pd, dst, len, IBV_ACCESS_LOCAL_WRITE |
                                                         IBV_ACCESS_REMOTE_WRITE);
     assert_non_null(w.export);
@@ -181,7 +181,7 @@ static void user_memory_registered_and_cached(void **state)
      * can post from it; with it the registration is kept, valid for
      * these very pages until they go (test_mem shows them go) */
     uint32_t lk, rk;
-    assert_int_equal(mw__mem_keys(f->ctx, f->qp.cdev, src, len, &lk, &rk),
+    assert_int_equal(mw__mem_dev_keys(f->ctx, f->qp.cdev, src, len, &lk, &rk),
                      f->ctx->mem->uffd ? 0 : -EFAULT);
     free(src);
     free(dst);
@@ -194,7 +194,7 @@ static void write_without_an_export_fails_with_its_status(void **state)
     struct writer w = writer_for(f, src, dst, 4096);
     /* the target's own registration (not an export) grants no remote access */
     uint32_t lk;
-    assert_int_equal(mw__mem_keys(f->ctx, f->qp.sdev, dst, 4096, &lk, &w.rkey), 0);
+    assert_int_equal(mw__mem_dev_keys(f->ctx, f->qp.sdev, dst, 4096, &lk, &w.rkey), 0);
     run_writes(&w);
     writer_done(&w);
     assert_int_equal(w.completed, 1);

@@ -34,6 +34,7 @@
 struct fake_mr {
     struct fake_mr *next;
     int dev;
+    int pd;                   /* the connection domain's slot; -1: the device's */
     uintptr_t start, end;
     uint32_t lkey, rkey;
 };
@@ -54,7 +55,7 @@ struct fake {
  * and the loop thread at once. */
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void *fake_reg_locked(void *be, struct mw__dev *dev, void *addr, size_t len,
+static void *fake_reg_locked(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr, size_t len,
                              uint32_t *lkey, uint32_t *rkey)
 {
     struct fake *f = be;
@@ -75,6 +76,7 @@ static void *fake_reg_locked(void *be, struct mw__dev *dev, void *addr, size_t l
     *mr = (struct fake_mr){
         .next = f->mrs,
         .dev = dev->index,
+        .pd = pd ? pd->slot : -1,
         .start = (uintptr_t)addr,
         .end = (uintptr_t)addr + len,
         .lkey = f->serial << 8 | (uint32_t)dev->index,
@@ -90,11 +92,11 @@ static void *fake_reg_locked(void *be, struct mw__dev *dev, void *addr, size_t l
     return mr;
 }
 
-static void *fake_reg(void *be, struct mw__dev *dev, void *addr, size_t len,
+static void *fake_reg(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr, size_t len,
                       uint32_t *lkey, uint32_t *rkey)
 {
     pthread_mutex_lock(&fake_lock);
-    void *mr = fake_reg_locked(be, dev, addr, len, lkey, rkey);
+    void *mr = fake_reg_locked(be, dev, pd, addr, len, lkey, rkey);
     pthread_mutex_unlock(&fake_lock);
     return mr;
 }
@@ -211,7 +213,7 @@ static void add_dev(struct env *e, int i)
 static struct fake_mr *mr_for(struct env *e, int dev, const void *addr, size_t len)
 {
     uint32_t lkey = 0, rkey = 0;
-    assert_int_equal(mw__mem_keys(e->ctx, &e->dev[dev], addr, len, &lkey, &rkey), 0);
+    assert_int_equal(mw__mem_dev_keys(e->ctx, &e->dev[dev], addr, len, &lkey, &rkey), 0);
     struct fake_mr *mr = fake_find(&e->fake, lkey);
     assert_non_null(mr);
     assert_int_equal(mr->rkey, rkey);
@@ -224,7 +226,7 @@ static struct fake_mr *mr_for(struct env *e, int dev, const void *addr, size_t l
 static int keys_rc(struct env *e, const struct mw__dev *dev, const void *addr, size_t len)
 {
     uint32_t lkey, rkey;
-    return mw__mem_keys(e->ctx, dev, addr, len, &lkey, &rkey);
+    return mw__mem_dev_keys(e->ctx, dev, addr, len, &lkey, &rkey);
 }
 
 static uint64_t cache_hits(struct env *e)
@@ -468,7 +470,7 @@ static bool kept(struct env *e, char *p, size_t len)
 static uint32_t lkey_of(struct env *e, const void *p, size_t len)
 {
     uint32_t lkey, rkey;
-    assert_int_equal(mw__mem_keys(e->ctx, &e->dev[0], p, len, &lkey, &rkey), 0);
+    assert_int_equal(mw__mem_dev_keys(e->ctx, &e->dev[0], p, len, &lkey, &rkey), 0);
     return lkey;
 }
 
@@ -870,6 +872,82 @@ static void alloc_failure_is_clean(void **state)
     mw_free(e->ctx, p);
 }
 
+/* A connection's protection domain: its own registration of each region it
+ * posts from, made at its first use, never shared with another domain nor
+ * the device's own, and dropped with the domain or with the memory. */
+static uint32_t pd_lkey(struct env *e, struct mw__pd *pd, const void *addr, size_t len)
+{
+    uint32_t lkey = 0;
+    assert_int_equal(mw__mem_keys(e->ctx, pd, addr, len, &lkey), 0);
+    struct fake_mr *mr = fake_find(&e->fake, lkey);
+    assert_non_null(mr);
+    assert_int_equal(mr->pd, pd->slot);
+    assert_int_equal(mr->dev, pd->dev->index);
+    assert_true(mr->start <= (uintptr_t)addr && (uintptr_t)addr + len <= mr->end);
+    return lkey;
+}
+
+static void connection_domains_register_apart(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    mw_mr_t *mr;
+    assert_int_equal(mw_reg(e->ctx, buf, 4096, &mr), 0);
+    struct mw__pd a = {.dev = &e->dev[0], .slot = -1}, b = a, c = a, stranger = a;
+    assert_int_equal(mw__mem_add_pd(e->ctx, &a), 0);
+    assert_int_equal(mw__mem_add_pd(e->ctx, &b), 0);
+    assert_int_not_equal(a.slot, b.slot);
+    unsigned before = e->fake.regs;
+    uint32_t la = pd_lkey(e, &a, buf, 100);
+    assert_int_equal(e->fake.regs, before + 1);          /* on first use */
+    assert_int_equal(pd_lkey(e, &a, buf + 200, 8), la);  /* then kept */
+    assert_int_equal(e->fake.regs, before + 1);
+    uint32_t lb = pd_lkey(e, &b, buf, 100);
+    uint32_t ld = 0;
+    assert_int_equal(mw__mem_dev_keys(e->ctx, &e->dev[0], buf, 100, &ld, NULL), 0);
+    assert_int_not_equal(la, lb);
+    assert_int_not_equal(la, ld);
+    assert_int_not_equal(lb, ld);
+    uint32_t k;                                          /* what is refused */
+    assert_int_equal(mw__mem_keys(e->ctx, &a, buf + 4096, 8, &k), -EFAULT);
+    assert_int_equal(mw__mem_keys(e->ctx, &stranger, buf, 8, &k), -ENODEV);
+    assert_int_equal(mw__mem_keys(e->ctx, NULL, buf, 8, &k), -ENODEV);
+    struct mw__pd elsewhere = {.dev = &e->dev[1], .slot = -1};   /* device not added */
+    assert_int_equal(mw__mem_add_pd(e->ctx, &elsewhere), 0);
+    assert_int_equal(mw__mem_keys(e->ctx, &elsewhere, buf, 8, &k), -ENODEV);
+    mw__mem_remove_pd(e->ctx, &elsewhere);
+
+    /* A domain leaving drops its registrations, and only its own. */
+    mw__mem_remove_pd(e->ctx, &a);
+    assert_int_equal(a.slot, -1);
+    assert_null(fake_find(&e->fake, la));
+    assert_non_null(fake_find(&e->fake, lb));
+    assert_int_equal(mw__mem_keys(e->ctx, &a, buf, 8, &k), -ENODEV);
+    mw__mem_remove_pd(e->ctx, &a);                       /* again: a no-op */
+    /* Its slot is taken again, with nothing of the old domain in it. */
+    assert_int_equal(mw__mem_add_pd(e->ctx, &c), 0);
+    assert_int_equal(c.slot, 0);
+    uint32_t lc = pd_lkey(e, &c, buf, 100);
+    assert_int_not_equal(lc, la);
+
+    /* A registration refused in a domain is an error of its own (not "not
+     * registered"), and the next use tries again. */
+    void *p = mw_alloc(e->ctx, 64);
+    assert_non_null(p);
+    fake_fail(&e->fake, 1, false, ENOMEM);
+    assert_int_equal(mw__mem_keys(e->ctx, &b, p, 64, &k), -ENOMEM);
+    pd_lkey(e, &b, p, 64);
+
+    /* Memory leaving drops its registrations in every domain. */
+    uint32_t lbuf_b = lb;
+    assert_int_equal(mw_dereg(e->ctx, mr), 0);
+    assert_null(fake_find(&e->fake, lbuf_b));
+    assert_null(fake_find(&e->fake, lc));
+    mw__mem_remove_pd(e->ctx, &b);
+    mw__mem_remove_pd(e->ctx, &c);
+    mw_free(e->ctx, p);
+}
+
 static void teardown_deregisters_everything(void **state)
 {
     struct env *e = *state;
@@ -901,6 +979,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(dereg_once_per_registration, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(dereg_refuses_what_it_does_not_hold, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(keys_lookup_rules, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(connection_domains_register_apart, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(reg_rejects_bad_args, setup, teardown),
         cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(failing_backend_leaves_no_state, setup_unkept, teardown),
