@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The README's C examples are quoted from whole programs: every ```c block
-in README.md follows a line "<!-- example: apps/examples/NAME.c -->" and is,
-verbatim (dedented), the part of that file between "/* README: begin */" and
-"/* README: end */"; and every such part is quoted.  The programs themselves
-are built by meson and run in the rxe suite, so the README cannot rot.
+"""The README's examples are quoted from whole programs: every ```c or
+```python block in README.md follows a line "<!-- example: apps/examples/NAME.c -->"
+(or NAME.py) and is, verbatim (dedented), the part of that file between
+"/* README: begin */" and "/* README: end */" ("# README: begin" and "# README:
+end" in Python); and every such part is quoted.  The programs themselves are
+built by meson and run in the rxe suite, so the README cannot rot.
 usage: readme_examples.py SOURCE_ROOT"""
 import re
 import sys
@@ -11,11 +12,16 @@ import textwrap
 from pathlib import Path
 
 
+MARKS = {".c": ("/* README: begin */", "/* README: end */"),
+         ".py": ("# README: begin", "# README: end")}
+
+
 def region(path):
     lines = path.read_text().splitlines()
+    begin, end = MARKS[path.suffix]
     try:
-        b = next(i for i, l in enumerate(lines) if l.strip() == "/* README: begin */")
-        e = next(i for i, l in enumerate(lines) if l.strip() == "/* README: end */")
+        b = next(i for i, l in enumerate(lines) if l.strip() == begin)
+        e = next(i for i, l in enumerate(lines) if l.strip() == end)
     except StopIteration:
         return None
     return textwrap.dedent("\n".join(lines[b + 1:e])).strip("\n")
@@ -27,7 +33,7 @@ def main():
     bad, quoted = [], set()
     i = 0
     while i < len(readme):
-        if readme[i].strip() != "```c":
+        if readme[i].strip() not in ("```c", "```python"):
             i += 1
             continue
         end = next(j for j in range(i + 1, len(readme)) if readme[j].strip() == "```")
@@ -35,7 +41,7 @@ def main():
         prev = next((readme[j] for j in range(i - 1, -1, -1) if readme[j].strip()), "")
         m = re.fullmatch(r"<!-- example: (\S+) -->", prev.strip())
         if not m:
-            bad.append(f"README.md:{i + 1}: a C block without '<!-- example: FILE -->' before it")
+            bad.append(f"README.md:{i + 1}: a code block without '<!-- example: FILE -->' before it")
         else:
             src = root / m.group(1)
             want = region(src) if src.exists() else None
@@ -46,7 +52,7 @@ def main():
                 bad.append(f"README.md:{i + 1}: differs from {m.group(1)}:\n--- README\n{block}\n"
                            f"--- {m.group(1)}\n{want}")
         i = end + 1
-    for src in sorted((root / "apps" / "examples").glob("*.c")):
+    for src in sorted(p for p in (root / "apps" / "examples").iterdir() if p.suffix in MARKS):
         name = str(src.relative_to(root))
         if region(src) is not None and name not in quoted:
             bad.append(f"{name}: its README region is quoted nowhere")

@@ -3,20 +3,24 @@
 # blocking client, the same client on an epoll loop, and allreduce as three
 # processes given their entries on the command line ("A,B:PORT": each rank
 # reached through the address its peers share).
-#   examples.sh HELLO EPOLL_CLIENT ALLREDUCE     (run by meson in the rxe suite)
+# With HELLO_PY (the Python binding built), hello.py talks to hello both
+# ways round: a Python client to the C server, the C client to Python's.
+#   examples.sh HELLO EPOLL_CLIENT ALLREDUCE [HELLO_PY]   (meson, rxe suite)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
 need_rdma
 HELLO=$(realpath "$1") EPOLL=$(realpath "$2") ALLREDUCE=$(realpath "$3")
+HELLO_PY=${4:+$(realpath "$4")}
 IFS=, read -ra A <<<"${MW_ADDRS:?}"
 port=$((7200 + RANDOM % 400))
 st=0
 
-# serve_once PORT: hello's server in the background, once it listens
+# serve_once PORT [SERVER]: hello's server (or SERVER, as hello.py) in the
+# background, once it listens
 serve_once() {
     local log
     log=$(mktemp)
-    "$HELLO" -l "${A[-1]}:$1" >"$log" 2>&1 & server=$!
+    ${2:-$HELLO} -l "${A[-1]}:$1" >"$log" 2>&1 & server=$!
     retry 20 grep -q listening "$log" || { cat "$log"; return 1; }
     tail -f "$log" --pid=$server &
 }
@@ -31,6 +35,16 @@ for client in "$HELLO" "$EPOLL"; do
     wait $server || st=1
     port=$((port + 1))
 done
+
+if [[ -n $HELLO_PY ]]; then
+    for pair in "$HELLO $HELLO_PY" "$HELLO_PY $HELLO"; do    # SERVER CLIENT
+        read -r srv cli <<<"$pair"
+        serve_once "$port" "$srv" || { st=1; continue; }
+        timeout 60 "$cli" "${A[-1]}:$port" || st=1
+        wait $server || st=1
+        port=$((port + 1))
+    done
+fi
 
 entries=()
 for r in 0 1 2; do entries+=("${A[0]},${A[-1]}:$((port + r))"); done

@@ -1,0 +1,22 @@
+"""meshwire for asyncio: RDMA connections, one-sided transfers and
+collectives whose completions wake the running event loop, with no thread
+and no polling.
+
+    import asyncio, meshwire
+
+    async def main():
+        async with meshwire.Context() as ctx:
+            conn = await ctx.connect("10.0.0.2:7470")
+            await conn.send(b"hello")
+            msg = await conn.recv()          # a memoryview, no copy
+
+Errors are OSError subclasses chosen by errno (ConnectionRefusedError,
+TimeoutError, ConnectionResetError...), with meshwire's message.
+"""
+from ._comm import DTYPES, OPS, Communicator
+from ._conn import Connection, Listener, Remote
+from ._context import Context
+from ._lib import ffi, lib
+
+__version__ = ffi.string(lib.mw_version()).decode()
+__all__ = ["Context", "Connection", "Listener", "Remote", "Communicator", "DTYPES", "OPS"]

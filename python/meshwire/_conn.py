@@ -1,0 +1,279 @@
+"""Connections and listeners: messages, one-sided RDMA, immediates."""
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, AsyncIterator, Optional
+
+from ._context import Bufferable, Context, set_options
+from ._lib import check, error, ffi, lib
+
+
+class Remote:
+    """Memory a peer exported (mw_remote_t): send bytes(remote) to the peer
+    that should access it; it loads it with Remote.from_bytes.  The bytes
+    are the C struct's, so C and Python peers exchange them alike.  It
+    works on the connection it was exported for only."""
+
+    __slots__ = ("addr", "len", "rkey")
+    SIZE = ffi.sizeof("mw_remote_t")
+
+    def __init__(self, addr: int, len: int, rkey: int):
+        self.addr, self.len, self.rkey = addr, len, rkey
+
+    def __bytes__(self) -> bytes:
+        return bytes(ffi.buffer(self._c()))
+
+    @classmethod
+    def from_bytes(cls, b: Bufferable) -> "Remote":
+        view = memoryview(b).cast("B")
+        if view.nbytes != cls.SIZE:
+            raise ValueError(f"a Remote is {cls.SIZE} bytes, not {view.nbytes}")
+        r = ffi.new("mw_remote_t *")
+        ffi.memmove(r, view, cls.SIZE)
+        return cls(r.addr, r.len, r.rkey)
+
+    def _c(self) -> Any:
+        return ffi.new("mw_remote_t *", {"addr": self.addr, "len": self.len, "rkey": self.rkey})
+
+    def __repr__(self) -> str:
+        return f"<meshwire.Remote {self.len} bytes at {self.addr:#x} key {self.rkey:#x}>"
+
+
+def _message(value: Any) -> memoryview:
+    """A received mw_msg_t as a memoryview over meshwire's buffer, which is
+    freed (mw_msg_free) once the last view of it is released."""
+    m = ffi.cast("mw_msg_t *", value)
+    if m.len == 0:
+        lib.mw_msg_free(m)
+        return memoryview(b"")
+    data = ffi.gc(ffi.cast("char *", m.data), lambda _: lib.mw_msg_free(m), m.len)
+    return memoryview(ffi.buffer(data, m.len))
+
+
+@ffi.callback("void(mw_conn_t *, uint32_t, void *)")
+def _on_imm(c: Any, imm: int, arg: Any) -> None:
+    conn: Connection = ffi.from_handle(arg)
+    conn._imms.put_nowait(imm)
+
+
+class Connection:
+    """One RC connection.  ``async with conn:`` closes it gracefully."""
+
+    def __init__(self, ctx: Context, c: Any):
+        self._ctx, self._c = ctx, c
+        self._unclaimed: collections.deque = collections.deque()   # see recv()
+        self._settling = 0                 # receives given up, not yet back from meshwire
+        self._settled = asyncio.Event()
+        self._imms: Optional[asyncio.Queue] = None
+        self._exported: dict = {}          # Remote key -> (buffer, registration)
+        self._handle = ffi.new_handle(self)
+        ctx._owned.add(self)
+
+    def _live(self) -> Any:
+        if self._c is None:
+            raise error(-108, "the connection is closed")   # ESHUTDOWN
+        return self._c
+
+    async def send(self, buf: Bufferable) -> None:
+        """Send @buf as one message (any size; in order).  @buf is read
+        where it lies, without a copy in Python, until this completes."""
+        p = ffi.from_buffer("char[]", buf)
+        await self._ctx._await(lib.mw_send(self._live(), p, len(p)), "send", keep=(buf, p))
+
+    async def recv(self) -> memoryview:
+        """The next message, as a memoryview over meshwire's buffer (freed
+        when the view is released).  Cancelling the awaiting task loses no
+        message and keeps their order: one that arrived meanwhile goes to
+        the next recv(), which first waits until every receive given up has
+        come back from meshwire.  (Receives awaited at once by several tasks
+        get messages in the order they were issued.)"""
+        while self._settling:
+            await self._settled.wait()
+        if self._unclaimed:
+            return self._unclaimed.popleft()
+        state = {"back": False, "counted": False}
+
+        def back() -> None:
+            state["back"] = True
+            if state["counted"]:
+                self._settling -= 1
+                if not self._settling:
+                    self._settled.set()
+
+        aw = self._ctx._await(lib.mw_recv(self._live()), "recv", convert=_message,
+                              orphan=self._unclaimed.append, after=back)
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            if not state["back"]:
+                state["counted"] = True
+                self._settling += 1
+                self._settled.clear()
+            raise
+
+    def export(self, buf: Bufferable, offset: int = 0, length: Optional[int] = None) -> Remote:
+        """Let the peer read and write @buf[offset:offset+length] (memory
+        from Context.alloc, or any buffer, registered now): the Remote to
+        send it.  It stands until unexport(), or the memory or connection
+        goes."""
+        p, n, mr = self._ctx._local(buf, writable=True)
+        length = n - offset if length is None else length
+        if offset < 0 or length <= 0 or offset + length > n:
+            self._ctx._unreg(mr)
+            raise ValueError(f"[{offset}, {offset}+{length}) is not inside {n} bytes")
+        out = ffi.new("mw_remote_t *")
+        rc = lib.mw_mem_export(self._live(), p + offset, length, out)
+        if rc < 0:
+            self._ctx._unreg(mr)
+            check(rc, "mw_mem_export")
+        # The memory stays referenced (and, not from alloc(), registered:
+        # its last mw_dereg would withdraw the export) while exported.
+        self._exported[(out.addr, out.len, out.rkey)] = (buf, mr)
+        return Remote(out.addr, out.len, out.rkey)
+
+    def unexport(self, remote: Remote) -> None:
+        check(lib.mw_mem_unexport(self._live(), remote._c()), "mw_mem_unexport")
+        _, mr = self._exported.pop((remote.addr, remote.len, remote.rkey), (None, None))
+        self._ctx._unreg(mr)
+
+    def _rdma(self, fn: Any, what: str, buf: Bufferable, remote: Remote, offset: int,
+              writable: bool, *imm: int) -> Any:
+        p, n, mr = self._ctx._local(buf, writable)
+        r = remote._c()
+        f = fn(self._live(), p if n else ffi.NULL, n, r, offset, *imm)
+        return self._ctx._await(f, what, keep=(buf, p, r), after=lambda: self._ctx._unreg(mr))
+
+    async def write(self, buf: Bufferable, remote: Remote, offset: int = 0) -> None:
+        """RDMA WRITE all of @buf to @remote at @offset (bounds checked)."""
+        await self._rdma(lib.mw_write, "write", buf, remote, offset, False)
+
+    async def read(self, buf: Bufferable, remote: Remote, offset: int = 0) -> None:
+        """RDMA READ len(@buf) bytes from @remote at @offset into @buf."""
+        await self._rdma(lib.mw_read, "read", buf, remote, offset, True)
+
+    async def write_imm(self, buf: Bufferable, remote: Remote, offset: int, imm: int) -> None:
+        """write(), then @imm reaches the peer's immediates() once all of
+        the data is in place (@buf may be empty: the immediate alone)."""
+        await self._rdma(lib.mw_write_imm, "write_imm", buf, remote, offset, False, imm)
+
+    def immediates(self) -> AsyncIterator[int]:
+        """The immediates of the peer's write_imm, in order, until the
+        connection closes: ``async for imm in conn.immediates()``.  They
+        are collected from this call on (ask before the peer writes)."""
+        if self._imms is None:
+            self._imms = asyncio.Queue()
+            check(lib.mw_conn_on_imm(self._live(), _on_imm, self._handle), "mw_conn_on_imm")
+        return self._next_imms()
+
+    async def _next_imms(self) -> AsyncIterator[int]:
+        while True:
+            imm = await self._imms.get()
+            if imm is None:
+                return
+            yield imm
+
+    def stats(self) -> dict:
+        st = ffi.new("mw_conn_stats_t *")
+        check(lib.mw_conn_stats(self._live(), st), "mw_conn_stats")
+        out = {}
+        for name, field in ffi.typeof(st).item.fields:
+            v = getattr(st, name)
+            out[name] = ffi.string(v).decode() if field.type.kind == "array" else v
+        return out
+
+    def _release(self) -> Any:
+        """Hand the connection to close/abort; its exports go with it."""
+        c, self._c = self._c, None
+        self._ctx._owned.discard(self)
+        if self._imms is not None:
+            self._imms.put_nowait(None)
+        return c
+
+    def _unexport_all(self) -> None:
+        for _, mr in self._exported.values():
+            self._ctx._unreg(mr)
+        self._exported.clear()
+
+    async def close(self) -> None:
+        """Graceful: pending operations finish, then the connection goes."""
+        if self._c is not None:
+            await self._ctx._await(lib.mw_conn_close(self._release()), "close",
+                                   after=self._unexport_all)
+
+    def abort(self) -> None:
+        """Abortive: pending operations fail (ConnectionAbortedError)."""
+        if self._c is not None:
+            lib.mw_conn_abort(self._release())
+            self._unexport_all()
+
+    _drop = abort
+
+    async def __aenter__(self) -> "Connection":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+@ffi.callback("void(mw_listener_t *, mw_conn_t *, void *)")
+def _on_accept(l: Any, c: Any, arg: Any) -> None:
+    listener: Listener = ffi.from_handle(arg)
+    listener._accepted.put_nowait(Connection(listener._ctx, c))
+
+
+class Listener:
+    """Accepts connections: ``async with ctx.listen(addr) as l`` then
+    ``async for conn in l`` (or ``await l.accept()``)."""
+
+    def __init__(self, ctx: Context, addr: str, opts: dict):
+        self._ctx = ctx
+        o = ffi.new("mw_conn_opts_t *")
+        lib.mw_conn_opts_init(o)
+        set_options(o, "connection", opts)
+        self._accepted: asyncio.Queue = asyncio.Queue()
+        self._handle = ffi.new_handle(self)
+        lp = ffi.new("mw_listener_t **")
+        check(lib.mw_listen(ctx._live(), addr.encode(), o, _on_accept, self._handle, lp),
+              f"listen {addr}")
+        self._l = lp[0]
+        self.port: int = lib.mw_listener_port(self._l)
+        ctx._owned.add(self)
+
+    async def accept(self) -> Connection:
+        if self._l is None:
+            raise error(-108, "the listener is closed")
+        conn = await self._accepted.get()
+        if conn is None:
+            raise error(-108, "the listener is closed")
+        return conn
+
+    def __aiter__(self) -> "Listener":
+        return self
+
+    async def __anext__(self) -> Connection:
+        try:
+            return await self.accept()
+        except OSError:
+            raise StopAsyncIteration from None
+
+    def stats(self) -> dict:
+        st = ffi.new("mw_listener_stats_t *")
+        check(lib.mw_listener_stats(self._l, st), "mw_listener_stats")
+        return {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
+
+    def close(self) -> None:
+        """Stop listening; connections accepted stay."""
+        if self._l is not None:
+            l, self._l = self._l, None
+            self._ctx._owned.discard(self)
+            lib.mw_listener_free(l)
+            self._accepted.put_nowait(None)
+
+    _drop = close
+
+    async def __aenter__(self) -> "Listener":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
