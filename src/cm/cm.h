@@ -164,6 +164,9 @@ struct mw__conn {
 
     /* the peer's handshake: its receive slots are our send credits */
     struct mw__hello peer;
+    uint8_t peer_rd_depth;        /* passive: the RDMA reads the peer asked to
+                                     have outstanding, and will serve */
+    uint8_t peer_rd_resources;
     unsigned send_credits;        /* peer slots free for us */
     unsigned credits_owed;        /* our slots reposted, not yet told */
     unsigned max_frag;            /* payload bytes per fragment */
@@ -187,6 +190,8 @@ struct mw__conn {
     unsigned inbox_len;
     struct { uint8_t *buf; uint64_t id, total, got; bool active; } rx;
     unsigned rdma_out;            /* chunks in flight */
+    unsigned reads_out;           /* of which RDMA READs */
+    unsigned max_reads;           /* the QP's reads in flight (max_rd_atomic) */
     unsigned wr_out;              /* work requests posted, not completed */
     struct event *pump_ev;        /* zero timer: post more next turn */
     struct event *probe_ev;       /* keepalive while anything waits */

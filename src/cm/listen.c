@@ -222,6 +222,8 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
     c->id = ev->id;
     c->id->context = c;
     c->listener = l;
+    c->peer_rd_depth = ev->param.conn.initiator_depth;
+    c->peer_rd_resources = ev->param.conn.responder_resources;
     char reason[160];
     if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                        ev->param.conn.private_data_len, &why)) < 0 ||

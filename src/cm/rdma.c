@@ -95,6 +95,7 @@ static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
     c->wr_out--;
     c->rdma_out--;
     bool read = r->opcode == IBV_WR_RDMA_READ;
+    c->reads_out -= read;
     int err = wc->status == IBV_WC_SUCCESS ? 0
               : wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
     /* first @r (it may go): failing the connection fails what is left,
@@ -134,6 +135,7 @@ static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
     r->x.all_posted = last;
     r->x.out++;
     c->rdma_out++;
+    c->reads_out += r->opcode == IBV_WR_RDMA_READ;
     c->wr_out++;
     c->stats.rdma_bytes += n;
     return 0;
@@ -143,7 +145,9 @@ int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *defe
                   bool *no_credit)
 {
     int posted = 0;
-    while (!r->x.all_posted && c->rdma_out < c->opts.max_rdma_inflight && posted < budget) {
+    bool read = r->opcode == IBV_WR_RDMA_READ;
+    while (!r->x.all_posted && c->rdma_out < c->opts.max_rdma_inflight && posted < budget &&
+           !(read && c->reads_out >= c->max_reads)) {
         bool last = r->len - r->posted <= chunk_of(c);
         if (last && r->with_imm && c->send_credits <= 1) {
             *no_credit = true;        /* the immediate waits for a credit */

@@ -175,6 +175,7 @@ static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct 
     int rc = -ibv_query_device(verbs, &dev->attr);
     if (rc < 0)
         goto fail;
+    dev->soft_roce = dev->attr.vendor_id == MW__RXE_VENDOR_ID;
     dev->pd = ibv_alloc_pd(verbs);
     if (!dev->pd) {
         rc = errno ? -errno : -ENOMEM;
