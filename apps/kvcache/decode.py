@@ -96,10 +96,7 @@ async def main():
                    prefill_http=f"http://{a.prefill_http}",
                    http=aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
         app.router.add_get("/request/{id}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        host, port = a.http.rsplit(":", 1)
-        await web.TCPSite(runner, host, int(port)).start()
+        await kvpool.serve_http(app, a.http)
         print(f"decode: pages via {a.via}; HTTP on {a.http}", flush=True)
         try:
             await asyncio.Event().wait()

@@ -3,6 +3,7 @@
 Page i of the prefill pool holds (j + i) mod 256 at byte j: cheap to make,
 and every byte of every page can be checked on the decode side."""
 import numpy as np
+from aiohttp import web
 
 
 def pattern(page_bytes: int) -> np.ndarray:
@@ -22,3 +23,12 @@ def page_ok(page: np.ndarray, i: int, base: np.ndarray) -> bool:
 def pages_of(request: int, npages: int, count: int) -> list:
     """The pages request @request needs: @count of them, scattered."""
     return np.random.default_rng(request).choice(npages, count, replace=False).tolist()
+
+
+async def serve_http(app: web.Application, addr: str) -> None:
+    """Serve @app at "HOST:PORT" (no access log: it would cost more than
+    the requests)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, port = addr.rsplit(":", 1)
+    await web.TCPSite(runner, host, int(port)).start()

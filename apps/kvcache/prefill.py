@@ -54,10 +54,7 @@ async def main():
         app = web.Application()
         app["pool"] = pool
         app.router.add_get("/pages", pages_http)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        host, port = a.http.rsplit(":", 1)
-        await web.TCPSite(runner, host, int(port)).start()
+        await kvpool.serve_http(app, a.http)
         print(f"prefill: {a.pages} pages of {a.page_kib} KiB; HTTP on {a.http}", flush=True)
         await serve_rdma(ctx, pool, a.rdma, {"pages": a.pages, "page_bytes": page})
 

@@ -3,7 +3,6 @@ in place by default, without copies: meshwire registers the arrays while a
 collective runs (free for memory from Context.alloc)."""
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Sequence
 
 import numpy as np

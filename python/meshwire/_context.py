@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import weakref
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _future
 from ._lib import check, error, ffi, lib
+
+if TYPE_CHECKING:
+    from ._comm import Communicator
+    from ._conn import Connection, Listener
 
 Bufferable = Any   # anything with the buffer protocol: bytes, bytearray, numpy arrays, mmap...
 

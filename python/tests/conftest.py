@@ -27,7 +27,7 @@ def pytest_pyfunc_call(pyfuncitem):
             if name != "loop_kind"}
     loop = LOOPS[pyfuncitem.callspec.params["loop_kind"]]()
     try:
-        loop.run_until_complete(asyncio.wait_for(pyfuncitem.obj(**args), 300))
+        loop.run_until_complete(asyncio.wait_for(pyfuncitem.obj(**args), 60))   # names a hang
     finally:
         loop.close()
     return True
