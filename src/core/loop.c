@@ -56,6 +56,9 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+/* How far libevent's clock may trail ours (see mw_ctx_progress). */
+#define LIBEVENT_LAG_NS 20000000u
+
 uint64_t mw__now_ms(void)
 {
     return now_ns() / 1000000u;
@@ -264,11 +267,14 @@ int mw_ctx_progress(mw_ctx_t *ctx)
     }
     if (l->epfd < 0)
         return 0;
-    /* libevent fires a timer once its clock passed the deadline: a deadline
-     * that passed less than a millisecond ago gets one more look a
-     * millisecond on, in case libevent's clock read a little behind ours */
+    /* A deadline that passed gets another look a millisecond on until it
+     * is LIBEVENT_LAG_NS past: only then has libevent surely fired it.
+     * libevent's clock may trail ours by a tick or more (a 1 ms timer was
+     * seen not fired at its deadline + 1 ms by both clocks): dropping the
+     * deadline sooner lost the timer's wake-up, and a mw_ctx_fd caller
+     * waited for the next unrelated event. */
     uint64_t now = now_ns();
-    while (l->nheap && l->heap[0] + 1000000u <= now)
+    while (l->nheap && l->heap[0] + LIBEVENT_LAG_NS <= now)
         heap_pop(l);
     if (event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
         arm_timerfd(l, 1);        /* work left: readable again at once */
