@@ -56,8 +56,6 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* How far libevent's clock may trail ours (see mw_ctx_progress). */
-#define LIBEVENT_LAG_NS 20000000u
 
 uint64_t mw__now_ms(void)
 {
@@ -125,16 +123,30 @@ static void heap_pop(struct mw__loop *l)
         l->heap[i] = v;
 }
 
-/* libevent reads CLOCK_MONOTONIC_COARSE where that ticks at least every
- * millisecond: a deadline is signalled that much later, so that libevent
- * finds its timer due when the descriptor wakes the caller. */
-#define COARSE_SLACK_NS 1000000u
+/* libevent's timers go by CLOCK_MONOTONIC_COARSE, which ticks every 4 ms
+ * on a 250 Hz kernel and so trails CLOCK_MONOTONIC by up to a tick: a
+ * deadline is signalled a tick and a millisecond later, so that libevent
+ * finds its timer due when the descriptor wakes the caller.  (With one
+ * millisecond, as before, a 1-13 ms timer's wake-up was lost within 20
+ * sleeps: libevent had not fired it, and its deadline was dropped.) */
+static uint64_t coarse_slack_ns(void)
+{
+    static _Atomic uint64_t slack;
+    if (!slack) {
+        struct timespec r;
+        uint64_t tick = clock_getres(CLOCK_MONOTONIC_COARSE, &r) == 0
+                            ? (uint64_t)r.tv_sec * 1000000000u + (uint64_t)r.tv_nsec
+                            : 0;
+        slack = (tick < 10000000u ? tick : 10000000u) + 1000000u;
+    }
+    return slack;
+}
 
 static void arm_timerfd(struct mw__loop *l, uint64_t at_ns)
 {
     struct itimerspec its = {0};
     if (at_ns > 1)
-        at_ns += COARSE_SLACK_NS;
+        at_ns += coarse_slack_ns();
     if (at_ns) {
         its.it_value.tv_sec = (time_t)(at_ns / 1000000000u);
         its.it_value.tv_nsec = (long)(at_ns % 1000000000u);
@@ -267,21 +279,15 @@ int mw_ctx_progress(mw_ctx_t *ctx)
     }
     if (l->epfd < 0)
         return 0;
-    /* A deadline that passed gets another look a millisecond on until it
-     * is LIBEVENT_LAG_NS past: only then has libevent surely fired it.
-     * libevent's clock may trail ours by a tick or more (a 1 ms timer was
-     * seen not fired at its deadline + 1 ms by both clocks): dropping the
-     * deadline sooner lost the timer's wake-up, and a mw_ctx_fd caller
-     * waited for the next unrelated event. */
+    /* libevent fired every timer whose deadline is a slack past (above); a
+     * deadline not that far past yet keeps its wake-up */
     uint64_t now = now_ns();
-    while (l->nheap && l->heap[0] + LIBEVENT_LAG_NS <= now)
+    while (l->nheap && l->heap[0] + coarse_slack_ns() <= now)
         heap_pop(l);
     if (event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
         arm_timerfd(l, 1);        /* work left: readable again at once */
-    else if (l->nheap && l->heap[0] <= now)
-        arm_timerfd(l, now + 1000000u);
     else
-        arm_timerfd(l, l->nheap ? l->heap[0] : 0);
+        arm_timerfd(l, l->nheap ? l->heap[0] : 0);   /* a passed one: at its slack */
     return 0;
 }
 
