@@ -151,7 +151,9 @@ MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
  *
  * The descriptor is readable exactly when mw_ctx_progress() has something
  * to do: a completion or a connection event arrived, a deadline passed (of
- * any timer, whenever it was set), another thread handed work over, or
+ * any timer, whenever it was set; signalled once libevent's coarse clock
+ * has passed it too: up to a tick, 4 ms at 250 Hz, plus 1 ms late),
+ * another thread handed work over, or
  * callbacks became due -- also those made due by your own calls outside
  * meshwire's callbacks (mw_future_then() on a future already complete, a
  * failed operation's future), so nothing needs a progress call "just in
