@@ -193,6 +193,9 @@ struct mw__conn {
     unsigned reads_out;           /* of which RDMA READs */
     unsigned max_reads;           /* the QP's reads in flight (max_rd_atomic) */
     unsigned wr_out;              /* work requests posted, not completed */
+    unsigned recv_out;            /* ... of which receives */
+    bool peer_left;               /* its disconnect came while our sends were
+                                     out: waiting for their completions */
     struct event *pump_ev;        /* zero timer: post more next turn */
     struct event *probe_ev;       /* keepalive while anything waits */
     struct mw__op *probe_op;      /* the probe in flight, if any */
@@ -228,6 +231,16 @@ static inline bool mw__conn_usable(const struct mw__conn *c)
 static inline bool mw__conn_drained(const struct mw__conn *c)
 {
     return c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
+}
+
+/* mw__conn_send_completed() - a send-side work request of @c came back:
+ * every completion handler of one calls this once. */
+void mw__conn_peer_left_settle(struct mw__conn *c);
+static inline void mw__conn_send_completed(struct mw__conn *c)
+{
+    c->wr_out--;
+    if (c->peer_left && c->wr_out == c->recv_out)
+        mw__conn_peer_left_settle(c);
 }
 
 /* cm.c */
@@ -271,9 +284,11 @@ int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, con
 void mw__conn_established(struct mw__conn *c);
 void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what);
+void mw__conn_on_disconnected(struct mw__conn *c);
 void mw__conn_free(struct mw__conn *c);
 void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c));
+/* mw__conn_arm_timer_ms() - as mw__conn_arm_timer, in @ms; -ENOMEM. */
+int mw__conn_arm_timer_ms(struct mw__conn *c, void (*fn)(struct mw__conn *c), unsigned ms);
 void mw__conn_disarm_timer(struct mw__conn *c);
 void mw__conn_maybe_finish(struct mw__conn *c);
 void mw__conn_drop_attempt(struct mw__conn *c);    /* active: forget a failed try */

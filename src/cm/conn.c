@@ -270,13 +270,19 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     c->timer_fn(c);
 }
 
-void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c))
+int mw__conn_arm_timer_ms(struct mw__conn *c, void (*fn)(struct mw__conn *c), unsigned ms)
 {
     if (!c->timer && !(c->timer = evtimer_new(c->ctx->base, on_timer, c)))
-        return;                       /* out of memory: the step has no deadline */
+        return -ENOMEM;
     c->timer_fn = fn;
-    struct timeval tv = {c->opts.timeout_ms / 1000, (c->opts.timeout_ms % 1000) * 1000};
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     mw__ev_add(c->ctx, c->timer, &tv);
+    return 0;
+}
+
+void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c))
+{
+    mw__conn_arm_timer_ms(c, fn, c->opts.timeout_ms);   /* no memory: no deadline */
 }
 
 void mw__conn_disarm_timer(struct mw__conn *c)
@@ -379,27 +385,52 @@ void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
     mw__conn_maybe_finish(c);
 }
 
-void mw__conn_on_disconnected(struct mw__conn *c, int err, const char *what)
+/* How long the completions of what we sent may trail the peer's leaving. */
+#define PEER_LEFT_GRACE_MS 500
+
+static void peer_left(struct mw__conn *c)
+{
+    c->peer_left = false;
+    /* The peer's disconnect leaves our QP as it was: move it to the error
+     * state ourselves, so the receives still posted come back as flushes. */
+    disconnect(c);
+    if (c->state == MW__CONN_DISCONNECTING || c->state == MW__CONN_CLOSING) {
+        if (mw__queue_busy(c))
+            mw__conn_fail(c, -ECONNRESET, "peer disconnected");
+        mw__conn_maybe_finish(c);
+        return;
+    }
+    mw__conn_fail(c, -ECONNRESET, "peer disconnected");
+}
+
+void mw__conn_peer_left_settle(struct mw__conn *c)
+{
+    mw__conn_arm_timer_ms(c, peer_left, 0);   /* from the loop, not this handler */
+}
+
+void mw__conn_on_disconnected(struct mw__conn *c)
 {
     /* The rdma_cm event and the completions travel apart: completions of
      * what the peer delivered before it left may still sit in the CQ.  Take
      * them first, so they count, and only then fail what remains. */
     if (c->dev)
         mw__cq_drain_now(c->dev->cq);
-    if (c->state == MW__CONN_FREED)
+    if (c->state == MW__CONN_FREED || c->peer_left)
         return;
     if (c->nearly)
         mw__msg_take_early(c);
-    /* The peer's disconnect leaves our QP as it was: move it to the error
-     * state ourselves, so the receives still posted come back as flushes. */
-    disconnect(c);
-    if (c->state == MW__CONN_DISCONNECTING || c->state == MW__CONN_CLOSING) {
-        if (mw__queue_busy(c))
-            mw__conn_fail(c, err, "%s", what);
-        mw__conn_maybe_finish(c);
+    /* What we sent may have reached the peer before it left with its
+     * completion still to come here (a collective's last chunk to a rank
+     * that finished on it and freed its communicator at once: seen failing
+     * a final barrier, 2 full runs in 4).  Moving our QP to the error state
+     * now would flush it as failed: let those completions come -- the
+     * device's acks, or the QP's retries failing -- for a bounded time. */
+    if (c->state == MW__CONN_ESTABLISHED && c->wr_out > c->recv_out &&
+        mw__conn_arm_timer_ms(c, peer_left, PEER_LEFT_GRACE_MS) == 0) {
+        c->peer_left = true;
         return;
     }
-    mw__conn_fail(c, err, "%s", what);
+    peer_left(c);
 }
 
 void mw__conn_maybe_finish(struct mw__conn *c)
@@ -571,7 +602,7 @@ void mw__conn_drop_attempt(struct mw__conn *c)
     c->cqe_reserved = 0;
     mw__queue_drop_all(c);            /* nothing posted will come back */
     mw__msg_free_buffers(c);
-    c->wr_out = 0;
+    c->wr_out = c->recv_out = 0;
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);
     c->id = NULL;
@@ -583,7 +614,7 @@ void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     switch (ev->event) {
     case RDMA_CM_EVENT_DISCONNECTED:
-        mw__conn_on_disconnected(c, -ECONNRESET, "peer disconnected");
+        mw__conn_on_disconnected(c);
         break;
     case RDMA_CM_EVENT_ADDR_CHANGE:
         MW_LOG(c->ctx, MW_LOG_WARN, "%s: local address changed", c->stats.local);

@@ -33,6 +33,7 @@ static int post_recv(struct mw__conn *c, unsigned i)
         return -rc;
     s->posted = true;
     c->wr_out++;
+    c->recv_out++;
     return 0;
 }
 
@@ -306,6 +307,7 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
     struct mw__conn *c = op->owner;
     unsigned i = (unsigned)op->u64[0];
     c->wr_out--;
+    c->recv_out--;
     c->slots[i].posted = false;
     if (wc->status != IBV_WC_SUCCESS) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR)

@@ -92,7 +92,7 @@ static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
     struct mw__conn *c = op->owner;
-    c->wr_out--;
+    mw__conn_send_completed(c);
     c->rdma_out--;
     bool read = r->opcode == IBV_WR_RDMA_READ;
     c->reads_out -= read;

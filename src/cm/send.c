@@ -121,7 +121,7 @@ static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
     struct mw__conn *c = op->owner;
     struct mw__send *s = (struct mw__send *)(uintptr_t)op->u64[1];
     c->free_send[c->nfree_send++] = (unsigned)op->u64[0];
-    c->wr_out--;
+    mw__conn_send_completed(c);
     mw__op_put(c->ctx, op);
     int err = wc->status == IBV_WC_SUCCESS ? 0 : c->err ? c->err : mw__wc_errno(wc->status);
     if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
