@@ -583,7 +583,11 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
 
 static void run_ranks(int nranks, const char *mode)
 {
-    int port = 20000 + (getpid() * 7 + nranks * 131) % 20000;
+    /* Ports of their own for each run: the kernel may still hold the last
+     * run's (a killed rank's) for a moment, and a rank that cannot listen
+     * fails the creation for everyone (seen: a kill test after another). */
+    static int runs;
+    int port = 20000 + (getpid() * 7 + nranks * 131 + runs++ * 29) % 20000;
     pid_t pids[16];
     char a[3][16];
     for (int r = 1; r < nranks; r++) {
