@@ -56,7 +56,6 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-
 uint64_t mw__now_ms(void)
 {
     return now_ns() / 1000000u;

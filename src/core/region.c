@@ -63,8 +63,7 @@ static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
     return dereg_keys(rg, &r->keys[i]);
 }
 
-/* Drop every key of @r in a protection domain; the first error. */
-static int dereg_pd_keys(struct mw__registrar *rg, struct mw__region *r)
+int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r)
 {
     int err = 0;
     for (int i = 0; i < r->npkeys; i++) {
@@ -136,7 +135,7 @@ int mw__region_adopt(struct mw__registrar *rg, struct mw__region *r, uintptr_t s
 
 int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
 {
-    int err = dereg_pd_keys(rg, r);
+    int err = mw__region_drop_pd_keys(rg, r);
     for (int i = 0; i < r->nkeys; i++) {
         int rc = dereg_one(rg, r, i);
         if (rc < 0 && !err)
@@ -147,11 +146,6 @@ int mw__region_fini(struct mw__registrar *rg, struct mw__region *r)
     r->keys = NULL;
     r->nkeys = 0;
     return err;
-}
-
-int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r)
-{
-    return dereg_pd_keys(rg, r);
 }
 
 /* ------------------------------------------------------------------------
