@@ -222,8 +222,7 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
  * until rdma_connect/rdma_accept returns).  Retries are finite: rnr_retry 7
  * would mean forever (credits should make RNR impossible; if it happens,
  * fail rather than hang).  Read depths: ours, within what the device
- * allows (reads we issue: one on rxe); accepting, also within what the
- * peer asked for and serves. */
+ * allows; accepting, also within what the peer asked for and serves. */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {
     bool passive = c->side == MW__SIDE_PASSIVE;
@@ -240,8 +239,7 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct 
         .private_data = pd, .private_data_len = (uint8_t)len,
         .responder_resources = rd_atoms(c->dev->attr.max_qp_rd_atom,
                                         passive ? c->peer_rd_depth : MAX_RD_ATOMS),
-        .initiator_depth = rd_atoms(c->dev->soft_roce ? MW__RXE_READS
-                                                      : c->dev->attr.max_qp_init_rd_atom,
+        .initiator_depth = rd_atoms(c->dev->attr.max_qp_init_rd_atom,
                                     passive ? c->peer_rd_resources : MAX_RD_ATOMS),
         .retry_count = 7, .rnr_retry_count = 6,
     };
@@ -307,12 +305,16 @@ static int alloc_send_slots(struct mw__conn *c)
     return 0;
 }
 
-/* The RDMA reads this QP may have in flight, as negotiated (more would
- * only wait in the device; on rxe we ask for one: core/dev.h says why). */
+/* The RDMA reads this QP may have in flight: on rxe one (core/dev.h says
+ * why; the handshake cannot ask for it: the connecting side's depth comes
+ * from the peer's answer), else as negotiated (more would only wait in the
+ * device). */
 static unsigned reads_in_flight(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
+    if (c->dev->soft_roce)
+        return MW__RXE_READS;
     if (ibv_query_qp(c->id->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC, &ia) || a.max_rd_atomic < 1)
         return 1;
     return a.max_rd_atomic;
