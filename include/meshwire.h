@@ -433,8 +433,9 @@ typedef struct mw_conn_opts {
                                    default 16, 2..4096 */
     unsigned slot_size;       /**< bytes per receive slot (larger messages are
                                    split); default 64 KiB, 256..16 MiB */
-    unsigned max_rdma_inflight; /**< RDMA writes/reads (chunks) in flight per
-                                   connection; default 16 */
+    unsigned max_rdma_inflight; /**< RDMA work requests (chunks, batch
+                                   entries) in flight per connection;
+                                   default 16 */
     unsigned chunk_size;      /**< one-sided transfers are split into chunks of
                                    at most this (and the port's max message
                                    size); default 1 MiB.  Where posting is
@@ -598,6 +599,78 @@ MW_EXTERN mw_future_t *mw_read(mw_conn_t *c, void *local, size_t len,
  *  mw_conn_on_imm() callback once all the data is in place. */
 MW_EXTERN mw_future_t *mw_write_imm(mw_conn_t *c, const void *local, size_t len,
                                     const mw_remote_t *r, uint64_t offset, uint32_t imm);
+
+/*
+ * Batches: many one-sided transfers as one operation.  A batch is a list
+ * of entries (local memory, a remote region, an offset, a length), all
+ * writes or all reads, prepared once on a connection -- every entry's
+ * bounds and local key checked, nothing posted -- and posted as often as
+ * wanted, each time with one future.  Posting hands the device chains of
+ * work requests (one doorbell per chain, a completion only at its end), in
+ * the connection's issue order like any operation: a message sent after
+ * mw_batch_post arrives after all of the batch's data.  A batch may be
+ * posted again before an earlier post completed; the posts are carried out
+ * one after the other.
+ */
+typedef struct mw_batch mw_batch_t;
+
+/** Which way a batch moves bytes. */
+typedef enum mw_dir { MW_DIR_WRITE = 0, MW_DIR_READ } mw_dir_t;
+
+/** One entry of a batch: @len bytes between @local (memory from mw_alloc
+ *  or mw_reg) and remotes[@remote] at @offset. */
+typedef struct mw_batch_entry {
+    void *local;
+    uint64_t len;
+    uint64_t offset;
+    uint32_t remote;
+} mw_batch_entry_t;
+
+/** mw_batch_new() - prepare @n entries (1..MW_BATCH_MAX) on @c, reading
+ *  the peer's regions from @remotes (copied: the array may go).  Every
+ *  entry is checked before this returns: on an error, *@bad (if not NULL)
+ *  names the entry refused.  The local memory must stay registered while
+ *  the batch is used: each post checks, cheaply, whether registered memory
+ *  went away since the keys were looked up, and looks them up again if so
+ *  (a post whose memory is gone fails -EFAULT, the connection unharmed).
+ *  Return: 0 with *@out set (the caller's: mw_batch_free), -EINVAL (NULL,
+ *  n out of range, an entry of length 0 or naming no remote), -ERANGE (an
+ *  entry outside its remote), -EFAULT (an entry's local memory not
+ *  registered, or not in one registration), -ENOMEM, or the refusal of @c
+ *  (-ESTALE...; -ENOTCONN before it is established). */
+#define MW_BATCH_MAX (1u << 24)
+MW_EXTERN int mw_batch_new(mw_conn_t *c, mw_dir_t dir, const mw_remote_t *remotes,
+                           size_t nremotes, const mw_batch_entry_t *entries, size_t n,
+                           mw_batch_t **out, size_t *bad);
+
+/** mw_batch_new_strided() - a batch of @count entries of @len bytes for a
+ *  paged layout: entry i is local + i * @local_stride and @r at @offset +
+ *  i * @remote_stride.  Same checks and return as mw_batch_new (-ERANGE
+ *  also when the strides overflow). */
+MW_EXTERN int mw_batch_new_strided(mw_conn_t *c, mw_dir_t dir, void *local,
+                                   uint64_t local_stride, const mw_remote_t *r, uint64_t offset,
+                                   uint64_t remote_stride, size_t count, uint64_t len,
+                                   mw_batch_t **out, size_t *bad);
+
+/** mw_batch_post() - carry out every entry of @b, in order.  The local
+ *  memory is lent as with mw_write/mw_read until the future completes.
+ *  @done (may be NULL): when the future completes, the number of entries
+ *  known complete -- on success all; on failure or cancel entries
+ *  [0, *done) completed, later ones did not (though bytes of them may have
+ *  landed).  Errors as mw_write's, and -EFAULT when memory of an entry is
+ *  no longer registered. */
+MW_EXTERN mw_future_t *mw_batch_post(mw_batch_t *b, size_t *done);
+
+/** mw_batch_post_imm() - mw_batch_post() of a write batch, then @imm
+ *  delivered to the peer's mw_conn_on_imm() callback once all of its data
+ *  is in place (the immediate rides on the last entry).  A read batch
+ *  fails -EINVAL. */
+MW_EXTERN mw_future_t *mw_batch_post_imm(mw_batch_t *b, uint32_t imm, size_t *done);
+
+/** mw_batch_free() - drop @b; posts under way finish first.  NULL does
+ *  nothing.  A batch may outlive its connection and context (posting on it
+ *  is then refused, -ESTALE). */
+MW_EXTERN void mw_batch_free(mw_batch_t *b);
 
 /** Called on the loop for each write-with-immediate that lands. */
 typedef void (*mw_imm_fn)(mw_conn_t *c, uint32_t imm, void *arg);

@@ -102,16 +102,38 @@ struct mw__send {
                                      drop what it has of it */
 };
 
-/* A one-sided transfer in progress, split into chunks. */
+/* One contiguous piece of a one-sided transfer, keys resolved: a batch
+ * entry, or all of an mw_write/mw_read. */
+struct mw__seg {
+    uint8_t *local;
+    uint64_t remote, len;
+    uint32_t lkey, rkey;
+};
+
+struct mw_batch;
+
+/* A one-sided transfer in progress: its segments go out in chunks (a
+ * segment is split where longer than a chunk), several to a chain of
+ * work requests, only a chain's last signalled.  Each request carries its
+ * sequence number (mod 256) as its wr_id's position, so a completion
+ * accounts for every request up to it (rdma.c). */
 struct mw__rdma {
-    struct mw__xfer x;            /* first */
+    struct mw__xfer x;            /* first; x.out counts work requests */
     struct mw__op *op;
     enum ibv_wr_opcode opcode;    /* RDMA_WRITE or RDMA_READ */
     bool with_imm;
     uint32_t imm;
-    uint8_t *local;
-    uint32_t lkey, rkey;
-    uint64_t remote, len, posted;
+    struct mw__seg one;           /* mw_write/mw_read: the only segment */
+    const struct mw__seg *segs;   /* &one, or the batch's */
+    size_t nsegs;
+    struct mw_batch *batch;       /* held until the transfer goes, or NULL */
+    size_t seg;                   /* posting: the segment, */
+    uint64_t seg_off;             /* and how far into it */
+    uint8_t seq_posted, seq_acked;/* requests posted / accounted for, mod 256 */
+    uint32_t *ends;               /* batches: entries complete once request
+                                     seq (mod 256) completes */
+    size_t entries_done;
+    size_t *done_out;             /* the caller's, or NULL */
 };
 
 struct mw__recv_slot {
@@ -233,12 +255,12 @@ static inline bool mw__conn_drained(const struct mw__conn *c)
     return c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
 }
 
-/* mw__conn_send_completed() - a send-side work request of @c came back:
- * every completion handler of one calls this once. */
+/* mw__conn_send_completed() - @n send-side work requests of @c came back:
+ * every completion handler of some calls this once per completion. */
 void mw__conn_peer_left_settle(struct mw__conn *c);
-static inline void mw__conn_send_completed(struct mw__conn *c)
+static inline void mw__conn_send_completed(struct mw__conn *c, unsigned n)
 {
-    c->wr_out--;
+    c->wr_out -= n;
     if (c->peer_left && c->wr_out == c->recv_out)
         mw__conn_peer_left_settle(c);
 }
@@ -309,10 +331,10 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__queue_add(struct mw__conn *c, struct mw__xfer *x, enum mw__xfer_kind kind,
                    mw_future_t *f);
 void mw__conn_pump(struct mw__conn *c);            /* post what the queue's head allows */
-/* mw__xfer_completed() - one of @x's work requests completed (@err: how):
+/* mw__xfer_completed() - @n of @x's work requests completed (@err: how):
  * its future completes, and @x goes, once nothing more will be posted and
  * none is out. */
-void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, int err);
+void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, unsigned n, int err);
 /* mw__xfer_complete_early() - complete @x's future now (x->err says how):
  * the caller's memory is no longer needed.  @x goes too when it is done. */
 void mw__xfer_complete_early(struct mw__conn *c, struct mw__xfer *x);
@@ -328,8 +350,21 @@ void mw__queue_fail_all(struct mw__conn *c, int err, const char *why);
 void mw__queue_drop_all(struct mw__conn *c);       /* at free: the QP is gone */
 bool mw__queue_busy(const struct mw__conn *c);
 
-/* send.c / rdma.c: each kind's posting, a budget of work requests at a
- * time; they return the work requests posted and set x.all_posted when
+/* rdma.c: one-sided transfers.  mw__rdma_new() makes a record for @c
+ * (NULL: out of memory); the starter sets its segments (r->one, or a
+ * batch's) and mw__rdma_queue() queues it for @f.  mw__rdma_free() releases
+ * it once it left the queue.  mw__rdma_refusal() is why @c takes no
+ * operation now (0 if it does, with *@why set otherwise). */
+struct mw__rdma *mw__rdma_new(struct mw__conn *c, enum ibv_wr_opcode opcode, bool with_imm,
+                              uint32_t imm);
+void mw__rdma_queue(struct mw__conn *c, struct mw__rdma *r, mw_future_t *f);
+void mw__rdma_free(struct mw__conn *c, struct mw__rdma *r);
+int mw__rdma_refusal(const struct mw__conn *c, const char **why);
+/* batch.c: a transfer is done with its batch */
+void mw__batch_put(struct mw_batch *b);
+
+/* send.c / rdma.c: each kind's posting, a budget of doorbells (calls of
+ * ibv_post_send) at a time; they return the doorbells rung and set x.all_posted when
  * done.  Posting stops when the loop turn's work budget is spent
  * (mw__turn_may: rxe runs its send engine inside ibv_post_send), setting
  * @deferred; @no_credit is set when the operation waits for the peer's

@@ -23,7 +23,7 @@ static bool waiting(const struct mw__conn *c)
 static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__conn *c = op->owner;
-    mw__conn_send_completed(c);
+    mw__conn_send_completed(c, 1);
     c->probe_op = NULL;
     mw__op_put(c->ctx, op);
     if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)

@@ -19,7 +19,7 @@
 #include "core/future.h"
 #include "core/op.h"
 
-#define POSTS_PER_TURN 32         /* bound what one loop turn posts (rxe posts inline) */
+#define POSTS_PER_TURN 32         /* doorbells one loop turn rings (rxe posts inline) */
 
 void mw__queue_add(struct mw__conn *c, struct mw__xfer *x, enum mw__xfer_kind kind,
                    mw_future_t *f)
@@ -61,13 +61,14 @@ static void xfer_free(struct mw__conn *c, struct mw__xfer *x)
     complete(c, x);
     mw__list_del(&x->link);
     if (x->kind == MW__XFER_RDMA)
-        mw__op_put(c->ctx, ((struct mw__rdma *)x)->op);
-    mw__free(x);
+        mw__rdma_free(c, (struct mw__rdma *)x);
+    else
+        mw__free(x);
 }
 
-void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, int err)
+void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, unsigned n, int err)
 {
-    x->out--;
+    x->out -= n;
     if (err && !x->err)
         x->err = err;
     /* A failed operation may still have something to post (a cancelled

@@ -3,7 +3,15 @@
  * flight, in the connection's issue order (queue.c); a write with
  * immediate puts its immediate on the last chunk (RC delivers in order, so
  * it lands after all the data) and spends a credit, because it consumes
- * one of the peer's receive slots. */
+ * one of the peer's receive slots.
+ *
+ * Chunks go to the device in chains: one ibv_post_send per chain, only the
+ * chain's last request signalled.  RC completes a queue pair's requests in
+ * order, so a successful completion says every request before it in the
+ * transfer succeeded; an error completes the request that failed, signalled
+ * or not, and flushes each one after it.  Requests carry their sequence
+ * number (op.h: the wr_id's position), so each completion accounts exactly
+ * for the requests up to it either way. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdint.h>
@@ -80,6 +88,9 @@ void mw__rdma_drop_exports(struct mw__conn *c)
     }
 }
 
+#define CHAIN_MAX 16              /* work requests per doorbell */
+#define XFER_WINDOW 128           /* requests of one transfer in flight (< 256) */
+
 static uint64_t chunk_of(const struct mw__conn *c)
 {
     uint64_t chunk = c->opts.chunk_size;
@@ -88,83 +99,160 @@ static uint64_t chunk_of(const struct mw__conn *c)
     return mw__dev_post_chunk(c->dev, chunk);
 }
 
-static void on_chunk_done(struct mw__op *op, const struct ibv_wc *wc)
+static void on_chain_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
     struct mw__conn *c = op->owner;
-    mw__conn_send_completed(c);
-    c->rdma_out--;
+    uint8_t pos = mw__wc_pos(wc);
+    unsigned n = (uint8_t)(pos - r->seq_acked) + 1u;    /* requests accounted for */
+    bool ok = wc->status == IBV_WC_SUCCESS;
+    r->seq_acked = (uint8_t)(pos + 1);
+    mw__conn_send_completed(c, n);
+    c->rdma_out -= n;
     bool read = r->opcode == IBV_WR_RDMA_READ;
-    c->reads_out -= read;
-    int err = wc->status == IBV_WC_SUCCESS ? 0
+    if (read)
+        c->reads_out -= n;
+    if (ok) {                     /* also after a cancel: these did complete */
+        r->entries_done = r->ends ? r->ends[pos] : r->seg == r->nsegs && r->x.out == n;
+        if (r->done_out)
+            *r->done_out = r->entries_done;
+    }
+    int err = ok ? 0
               : wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
     /* first @r (it may go): failing the connection fails what is left,
      * and must not find @r still listed */
-    mw__xfer_completed(c, &r->x, err);
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+    mw__xfer_completed(c, &r->x, n, err);
+    if (!ok && wc->status != IBV_WC_WR_FLUSH_ERR)
         mw__conn_fail(c, err, "RDMA %s failed: %s", read ? "read" : "write",
                       ibv_wc_status_str(wc->status));
     mw__conn_pump(c);
 }
 
-static int post_chunk(struct mw__conn *c, struct mw__rdma *r)
+/* The chain's room: requests the connection, the transfer's window, and
+ * (for reads) the QP's reads in flight allow. */
+static unsigned chain_room(const struct mw__conn *c, const struct mw__rdma *r)
 {
-    uint64_t n = r->len - r->posted < chunk_of(c) ? r->len - r->posted : chunk_of(c);
-    bool last = r->posted + n == r->len;
-    struct ibv_sge sge = {.addr = (uintptr_t)(r->local + r->posted), .length = (uint32_t)n,
-                          .lkey = r->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = r->op->wr_id, .sg_list = &sge, .num_sge = n ? 1 : 0,
-        .opcode = r->opcode, .send_flags = IBV_SEND_SIGNALED,
-        .wr.rdma = {.remote_addr = r->remote + r->posted, .rkey = r->rkey},
-    }, *bad;
-    if (last && r->with_imm) {
-        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.imm_data = htonl(r->imm);
+    unsigned room = c->opts.max_rdma_inflight - c->rdma_out;
+    if (room > XFER_WINDOW - r->x.out)
+        room = XFER_WINDOW - r->x.out;
+    if (r->opcode == IBV_WR_RDMA_READ && room > c->max_reads - c->reads_out)
+        room = c->max_reads - c->reads_out;
+    return room < CHAIN_MAX ? room : CHAIN_MAX;
+}
+
+/* Fill @wr/@sge with up to @room requests from @r's cursor, no more bytes
+ * than a chunk unless one request alone; the immediate's request only
+ * with a credit to spend (else *@no_credit).  Return the count. */
+static unsigned build_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room,
+                            struct ibv_send_wr *wr, struct ibv_sge *sge, uint64_t *bytes,
+                            bool *no_credit)
+{
+    uint64_t cap = chunk_of(c);
+    size_t seg = r->seg;
+    uint64_t off = r->seg_off;
+    unsigned n = 0;
+    *bytes = 0;
+    while (n < room && seg < r->nsegs) {
+        const struct mw__seg *s = &r->segs[seg];
+        uint64_t len = s->len - off < cap ? s->len - off : cap;
+        if (n && *bytes + len > cap)
+            break;
+        bool last = seg + 1 == r->nsegs && off + len == s->len;
+        if (last && r->with_imm && c->send_credits <= 1) {
+            *no_credit = true;        /* the immediate waits for a credit */
+            break;
+        }
+        sge[n] = (struct ibv_sge){.addr = (uintptr_t)(s->local + off), .length = (uint32_t)len,
+                                  .lkey = s->lkey};
+        wr[n] = (struct ibv_send_wr){
+            .wr_id = mw__op_wr_id_at(r->op, (uint8_t)(r->seq_posted + n)),
+            .sg_list = &sge[n], .num_sge = len ? 1 : 0, .opcode = r->opcode,
+            .wr.rdma = {.remote_addr = s->remote + off, .rkey = s->rkey},
+        };
+        if (last && r->with_imm) {
+            wr[n].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr[n].imm_data = htonl(r->imm);
+        }
+        off += len;
+        if (off == s->len) {
+            seg++;
+            off = 0;
+        }
+        if (r->ends)
+            r->ends[(uint8_t)(r->seq_posted + n)] = (uint32_t)seg;
+        *bytes += len;
+        n++;
     }
+    if (n) {
+        wr[n - 1].send_flags = IBV_SEND_SIGNALED;
+        for (unsigned i = 0; i + 1 < n; i++)
+            wr[i].next = &wr[i + 1];
+    }
+    return n;
+}
+
+/* Post one chain (*@posted: the requests the device took, accounted for
+ * even when it refused the rest: their flushes come back).  Return 0 or
+ * the device's refusal. */
+static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, bool *no_credit,
+                      unsigned *posted)
+{
+    struct ibv_send_wr wr[CHAIN_MAX], *bad = NULL;
+    struct ibv_sge sge[CHAIN_MAX];
+    uint64_t bytes;
+    unsigned n = build_chain(c, r, room, wr, sge, &bytes, no_credit);
+    *posted = 0;
+    if (!n)
+        return 0;
     uint64_t t0 = mw__now_ns();
-    int rc = -ibv_post_send(c->id->qp, &wr, &bad);
-    if (rc < 0)
-        return rc;
-    uint64_t took = mw__now_ns() - t0;
-    if (r->opcode != IBV_WR_RDMA_READ)   /* a read's bytes move later */
-        mw__dev_post_cost(c->dev, n, took);
-    if (last && r->with_imm)
-        c->send_credits--;
-    r->posted += n;
-    r->x.all_posted = last;
-    r->x.out++;
-    c->rdma_out++;
-    c->reads_out += r->opcode == IBV_WR_RDMA_READ;
-    c->wr_out++;
-    c->stats.rdma_bytes += n;
-    return 0;
+    int rc = -ibv_post_send(c->id->qp, wr, &bad);
+    unsigned took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
+    if (rc == 0 && r->opcode != IBV_WR_RDMA_READ)   /* a read's bytes move later */
+        mw__dev_post_cost(c->dev, bytes, mw__now_ns() - t0);
+    for (unsigned i = 0; i < took; i++) {
+        r->seg_off += sge[i].length;
+        if (r->seg_off == r->segs[r->seg].len) {
+            r->seg++;
+            r->seg_off = 0;
+        }
+        c->stats.rdma_bytes += sge[i].length;
+        if (wr[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+            c->send_credits--;
+    }
+    r->seq_posted = (uint8_t)(r->seq_posted + took);
+    r->x.all_posted = r->seg == r->nsegs;
+    r->x.out += took;
+    c->rdma_out += took;
+    c->wr_out += took;
+    if (r->opcode == IBV_WR_RDMA_READ)
+        c->reads_out += took;
+    *posted = took;
+    return rc;
 }
 
 int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
                   bool *no_credit)
 {
-    int posted = 0;
-    bool read = r->opcode == IBV_WR_RDMA_READ;
-    while (!r->x.all_posted && c->rdma_out < c->opts.max_rdma_inflight && posted < budget &&
-           !(read && c->reads_out >= c->max_reads)) {
-        bool last = r->len - r->posted <= chunk_of(c);
-        if (last && r->with_imm && c->send_credits <= 1) {
-            *no_credit = true;        /* the immediate waits for a credit */
+    int rung = 0;
+    while (!r->x.all_posted && rung < budget && !*no_credit) {
+        unsigned room = chain_room(c, r);
+        if (!room)
             break;
-        }
         if (!mw__turn_may(c->ctx)) {
             *deferred = true;         /* the rest next turn */
             break;
         }
-        int rc = post_chunk(c, r);
+        unsigned posted;
+        int rc = post_chain(c, r, room, no_credit, &posted);
         if (rc < 0) {
             mw__conn_fail(c, rc, "posting an RDMA operation failed");
             break;
         }
-        posted++;
+        if (!posted)
+            break;
+        rung++;
     }
-    return posted;
+    return rung;
 }
 
 void mw__rdma_give_up(struct mw__conn *c, struct mw__rdma *r, int err)
@@ -184,6 +272,51 @@ static void rdma_cancel(mw_future_t *f, void *arg)
     mw__rdma_give_up(r->x.c, r, -ECANCELED);
 }
 
+struct mw__rdma *mw__rdma_new(struct mw__conn *c, enum ibv_wr_opcode opcode, bool with_imm,
+                              uint32_t imm)
+{
+    struct mw__rdma *r = mw__calloc(1, sizeof *r);
+    if (!r || !(r->op = mw__op_get(c->ctx, on_chain_done, NULL, c))) {
+        mw__free(r);
+        return NULL;
+    }
+    r->op->u64[0] = (uintptr_t)r;
+    r->opcode = opcode;
+    r->with_imm = with_imm;
+    r->imm = imm;
+    r->segs = &r->one;
+    r->nsegs = 1;
+    return r;
+}
+
+void mw__rdma_queue(struct mw__conn *c, struct mw__rdma *r, mw_future_t *f)
+{
+    if (r->done_out)
+        *r->done_out = 0;
+    mw__queue_add(c, &r->x, MW__XFER_RDMA, f);
+    mw__future_on_cancel(f, rdma_cancel, r);
+    if (r->opcode == IBV_WR_RDMA_READ)
+        c->stats.reads += r->nsegs;
+    else
+        c->stats.writes += r->nsegs;
+    mw__conn_pump(c);
+}
+
+void mw__rdma_free(struct mw__conn *c, struct mw__rdma *r)
+{
+    mw__op_put(c->ctx, r->op);
+    mw__free(r->ends);
+    if (r->batch)
+        mw__batch_put(r->batch);
+    mw__free(r);
+}
+
+int mw__rdma_refusal(const struct mw__conn *c, const char **why)
+{
+    *why = c->err ? c->why : "connection closing";
+    return c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
+}
+
 static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcode, void *local,
                           size_t len, const mw_remote_t *rem, uint64_t offset, bool with_imm,
                           uint32_t imm)
@@ -192,9 +325,9 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
     mw_future_t *f = mw__conn_future(h, fn, &c);
     if (!f)
         return NULL;
-    int rc = c->err ? c->err : c->state == MW__CONN_ESTABLISHED ? 0 : -ESHUTDOWN;
+    const char *why;
+    int rc = mw__rdma_refusal(c, &why);
     uint32_t lkey = 0;
-    const char *why = c->err ? c->why : "connection closing";
     if (rc == 0 && (!rem || (!local && len) || (!len && !with_imm))) {
         rc = -EINVAL;
         why = "NULL or empty argument";
@@ -205,9 +338,8 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
         why = rc == -EFAULT ? "local memory not registered (use mw_alloc or mw_reg)"
                             : "cannot register the local memory for this connection";
     }
-    struct mw__rdma *r = rc ? NULL : mw__calloc(1, sizeof *r);
-    if (rc == 0 && (!r || !(r->op = mw__op_get(c->ctx, on_chunk_done, NULL, c)))) {
-        mw__free(r);
+    struct mw__rdma *r = rc ? NULL : mw__rdma_new(c, opcode, with_imm, imm);
+    if (rc == 0 && !r) {
         rc = -ENOMEM;
         why = "no memory";
     }
@@ -215,22 +347,9 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
         mw_future_fail(f, rc, "%s: %s", c->stats.remote, why);
         return f;
     }
-    r->opcode = opcode;
-    r->with_imm = with_imm;
-    r->imm = imm;
-    r->local = local;
-    r->lkey = lkey;
-    r->rkey = rem->rkey;
-    r->remote = rem->addr + offset;
-    r->len = len;
-    r->op->u64[0] = (uintptr_t)r;
-    mw__queue_add(c, &r->x, MW__XFER_RDMA, f);
-    mw__future_on_cancel(f, rdma_cancel, r);
-    if (opcode == IBV_WR_RDMA_READ)
-        c->stats.reads++;
-    else
-        c->stats.writes++;
-    mw__conn_pump(c);
+    r->one = (struct mw__seg){.local = local, .len = len, .lkey = lkey, .rkey = rem->rkey,
+                              .remote = rem->addr + offset};
+    mw__rdma_queue(c, r, f);
     return f;
 }
 

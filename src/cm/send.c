@@ -121,13 +121,13 @@ static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
     struct mw__conn *c = op->owner;
     struct mw__send *s = (struct mw__send *)(uintptr_t)op->u64[1];
     c->free_send[c->nfree_send++] = (unsigned)op->u64[0];
-    mw__conn_send_completed(c);
+    mw__conn_send_completed(c, 1);
     mw__op_put(c->ctx, op);
     int err = wc->status == IBV_WC_SUCCESS ? 0 : c->err ? c->err : mw__wc_errno(wc->status);
     if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
         mw__conn_fail(c, err, "send failed: %s", ibv_wc_status_str(wc->status));
     if (s)
-        mw__xfer_completed(c, &s->x, err);
+        mw__xfer_completed(c, &s->x, 1, err);
     mw__conn_pump(c);
 }
 

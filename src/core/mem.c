@@ -271,6 +271,15 @@ static int find(struct mw__mem *m, const struct mw__dev *dev, const void *addr, 
     return r && r->keys[dev->index].handle ? 0 : -EFAULT;   /* or not yet on this device */
 }
 
+uint64_t mw__mem_epoch(mw_ctx_t *ctx)
+{
+    struct mw__mem *m = ctx->mem;
+    if (!m)
+        return 0;
+    mw__regcache_sync(m);         /* memory unmapped since is counted */
+    return m->arena_ix.removed + m->user_ix.removed;
+}
+
 int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
                      uint32_t *lkey, uint32_t *rkey)
 {

@@ -103,6 +103,12 @@ void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd);
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
                  uint32_t *lkey);
 
+/* mw__mem_epoch() - a number that changes whenever registered memory goes
+ * away (a region leaves the lookup): keys looked up under one epoch hold
+ * for as long as it lasts.  Prepared transfer lists look their keys up
+ * once and again only when this moved. */
+uint64_t mw__mem_epoch(mw_ctx_t *ctx);
+
 /* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
  * registered with @dev, and that registration's keys (@lkey, @rkey may be
  * NULL).  Return 0, -EFAULT (not registered), -ENODEV (@dev unknown). */

@@ -8,6 +8,7 @@
 #include "core/op.h"
 
 #define CHUNK 256u
+#define GEN_MASK 0xffffffu        /* a wr_id's generation bits (op.h) */
 
 struct slot {
     struct mw__op op;          /* first: an op pointer is its slot's pointer */
@@ -80,7 +81,7 @@ struct mw__op *mw__op_get(mw_ctx_t *ctx, mw__op_done_fn done, mw__op_abort_fn ab
     ops->free_head = s->next_free;
     s->gen++;                                 /* even -> odd: live */
     s->op = (struct mw__op){
-        .wr_id = (uint64_t)s->gen << 32 | idx,
+        .wr_id = (uint64_t)(s->gen & GEN_MASK) << 32 | idx,
         .done = done,
         .abort = abort,
         .owner = owner,
@@ -109,7 +110,7 @@ void mw__op_put(mw_ctx_t *ctx, struct mw__op *op)
 struct mw__op *mw__op_lookup(const mw_ctx_t *ctx, uint64_t wr_id)
 {
     struct slot *s = slot_at(ctx->ops, (uint32_t)wr_id);
-    if (!s || s->gen != (uint32_t)(wr_id >> 32) || !(s->gen & 1))
+    if (!s || (s->gen & GEN_MASK) != (uint32_t)(wr_id >> 32 & GEN_MASK) || !(s->gen & 1))
         return NULL;
     return &s->op;
 }

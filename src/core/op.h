@@ -1,7 +1,10 @@
 /* Operation records: what a posted work request belongs to.  A wr_id is
- * (generation << 32 | slot), so a completion is dispatched only to the live
- * record that posted it; a stale or forged wr_id is counted and dropped,
- * never dereferenced. */
+ * (position << 56 | generation << 32 | slot), so a completion is dispatched
+ * only to the live record that posted it; a stale or forged wr_id is
+ * counted and dropped, never dereferenced.  The position (8 bits) is the
+ * owner's: a record that posts chains of work requests, most of them
+ * unsignalled, numbers them, so that a completion says how many of its
+ * requests it accounts for (an error completes one that was unsignalled). */
 #ifndef MW_CORE_OP_H
 #define MW_CORE_OP_H
 
@@ -41,7 +44,19 @@ struct mw__op *mw__op_get(mw_ctx_t *ctx, mw__op_done_fn done, mw__op_abort_fn ab
 /* mw__op_put() - release a record; its wr_id stops matching at once. */
 void mw__op_put(mw_ctx_t *ctx, struct mw__op *op);
 
-/* mw__op_lookup() - the live record for @wr_id, or NULL. */
+/* mw__op_wr_id_at() - @op's wr_id carrying position @pos. */
+static inline uint64_t mw__op_wr_id_at(const struct mw__op *op, uint8_t pos)
+{
+    return op->wr_id | (uint64_t)pos << 56;
+}
+
+/* mw__wc_pos() - the position a completion's work request was posted with. */
+static inline uint8_t mw__wc_pos(const struct ibv_wc *wc)
+{
+    return (uint8_t)(wc->wr_id >> 56);
+}
+
+/* mw__op_lookup() - the live record for @wr_id (any position), or NULL. */
 struct mw__op *mw__op_lookup(const mw_ctx_t *ctx, uint64_t wr_id);
 
 /* mw__ops_fail_all() - abort every live op with -ECANCELED (teardown). */

@@ -382,6 +382,7 @@ bool mw__rindex_remove(struct mw__rindex *ix, const struct mw__region *r)
     at--;
     memmove(&ix->v[at], &ix->v[at + 1], (ix->n - at - 1) * sizeof *ix->v);
     ix->n--;
+    ix->removed++;
     return true;
 }
 

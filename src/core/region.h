@@ -126,6 +126,7 @@ int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r);
 struct mw__rindex {
     struct mw__region **v;
     size_t n, cap;
+    uint64_t removed;             /* regions ever taken out (mw__mem_epoch) */
 };
 
 void mw__rindex_fini(struct mw__rindex *ix);

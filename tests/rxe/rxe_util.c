@@ -306,3 +306,19 @@ mw_msg_t *rxe_recv(mw_conn_t *c, unsigned ms)
     mw_future_unref(f);
     return m;
 }
+
+void rxe_pair_open(struct rxe_pair *p, const char *addr, const mw_conn_opts_t *o)
+{
+    assert_int_equal(mw_ctx_new(&p->ctx, NULL, NULL), 0);
+    rxe_server_start(&p->s, p->ctx, addr, o);
+    p->a = rxe_connect(p->ctx, addr, p->s.port, o);
+    rxe_wait_accepted(&p->s, 1);
+    p->b = p->s.conns[0];
+}
+
+void rxe_pair_close(struct rxe_pair *p)
+{
+    rxe_close_conn(p->a);
+    rxe_server_close(&p->s);
+    mw_ctx_free(p->ctx);
+}

@@ -88,6 +88,17 @@ mw_future_t *rxe_connect_future(mw_ctx_t *ctx, const char *addr, int port,
 mw_conn_t *rxe_connect(mw_ctx_t *ctx, const char *addr, int port, const mw_conn_opts_t *o);
 /* rxe_close_conn() - graceful close, which must succeed. */
 void rxe_close_conn(mw_conn_t *c);
+/* Two connected ends in a context of their own: @a connected to @b. */
+struct rxe_pair {
+    mw_ctx_t *ctx;
+    struct rxe_server s;
+    mw_conn_t *a, *b;
+};
+/* rxe_pair_open() - a new context, a listener on @addr, a connection to it
+ * (@o for both ends, NULL: defaults); rxe_pair_close() closes all. */
+void rxe_pair_open(struct rxe_pair *p, const char *addr, const mw_conn_opts_t *o);
+void rxe_pair_close(struct rxe_pair *p);
+
 /* rxe_round_trip() - a message from @a arrives intact at @b. */
 void rxe_round_trip(mw_conn_t *a, mw_conn_t *b);
 

@@ -30,28 +30,6 @@
 static const char *addrs[2];
 
 /* Two ends of one connection in one context. */
-struct pair {
-    mw_ctx_t *ctx;
-    struct rxe_server s;
-    mw_conn_t *a, *b;             /* a connected to b */
-};
-
-static void pair_open(struct pair *p, const mw_conn_opts_t *o)
-{
-    assert_int_equal(mw_ctx_new(&p->ctx, NULL, NULL), 0);
-    rxe_server_start(&p->s, p->ctx, addrs[1], o);
-    p->a = rxe_connect(p->ctx, addrs[1], p->s.port, o);
-    rxe_wait_accepted(&p->s, 1);
-    p->b = p->s.conns[0];
-}
-
-static void pair_close(struct pair *p)
-{
-    rxe_close_conn(p->a);
-    rxe_server_close(&p->s);
-    mw_ctx_free(p->ctx);
-}
-
 static void send_now(mw_conn_t *c, const void *buf, size_t len)
 {
     mw_future_t *f = mw_send(c, buf, len);
@@ -74,8 +52,8 @@ static void expect_msg(mw_conn_t *c, const char *text)
 static void recv_deadline_and_cancel_lose_nothing(void **state)
 {
     (void)state;
-    struct pair p;
-    pair_open(&p, NULL);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], NULL);
     mw_future_t *f = mw_recv(p.b);
     mw_future_set_timeout(f, 200);
     assert_int_equal(mw_wait(f), -ETIMEDOUT);
@@ -89,14 +67,14 @@ static void recv_deadline_and_cancel_lose_nothing(void **state)
     mw_future_unref(f);
     send_now(p.a, "world", 6);
     expect_msg(p.b, "world");
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* --- a send that fails stops reading the caller's buffer ------------------ */
 
 /* Fill @b's inbox (messages nobody asked for, up to its credits): from then
  * on the peer's credits run out and a sender waits. */
-static void fill_inbox(struct pair *p, unsigned credits)
+static void fill_inbox(struct rxe_pair *p, unsigned credits)
 {
     for (unsigned i = 0; i < credits; i++)
         send_now(p->a, "filler", 7);
@@ -109,8 +87,8 @@ static void send_deadline_lets_go_of_the_buffer(void **state)
     mw_conn_opts_init(&o);
     o.credits = 2;
     o.slot_size = 4096;                        /* a 256 KiB message: 65 fragments */
-    struct pair p;
-    pair_open(&p, &o);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], &o);
     fill_inbox(&p, o.credits);
     size_t len = 256 << 10;
     uint8_t *buf = malloc(len);
@@ -132,7 +110,7 @@ static void send_deadline_lets_go_of_the_buffer(void **state)
     mw_conn_stats_t st;
     assert_int_equal(mw_conn_stats(p.b, &st), 0);
     assert_int_equal(st.msgs_received, 3);
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* A peer alive but not reading: the message waiting for its credits fails
@@ -146,8 +124,8 @@ static void send_waiting_for_credits_times_out(void **state)
     o.slot_size = 4096;
     o.send_timeout_ms = 400;
     o.keepalive_ms = 100;
-    struct pair p;
-    pair_open(&p, &o);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], &o);
     fill_inbox(&p, o.credits);
     double t0 = now_s();
     mw_future_t *f = mw_send(p.a, "more", 5);
@@ -160,7 +138,7 @@ static void send_waiting_for_credits_times_out(void **state)
     expect_msg(p.b, "filler");
     send_now(p.a, "still", 6);                 /* credits back: it goes on */
     expect_msg(p.b, "still");
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* --- 2. one issue order: a message after a write arrives after its data --- */
@@ -184,8 +162,8 @@ static void check_on_arrival(mw_future_t *f, void *arg)
 static void write_then_send_keeps_order(void **state)
 {
     (void)state;
-    struct pair p;
-    pair_open(&p, NULL);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], NULL);
     size_t len = 8 << 20;
     uint8_t *src = mw_alloc(p.ctx, len), *dst = mw_alloc(p.ctx, len);
     mw_remote_t r;
@@ -211,7 +189,7 @@ static void write_then_send_keeps_order(void **state)
     }
     mw_free(p.ctx, src);
     mw_free(p.ctx, dst);
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* A one-sided transfer cancelled with chunks on the wire: its future fails
@@ -224,8 +202,8 @@ static void rdma_cancel_waits_for_posted_chunks(void **state)
     mw_conn_opts_init(&o);
     o.chunk_size = 64 << 10;                   /* 256 chunks */
     o.max_rdma_inflight = 4;
-    struct pair p;
-    pair_open(&p, &o);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], &o);
     size_t len = 16 << 20;
     uint8_t *src = mw_alloc(p.ctx, len), *dst = mw_alloc(p.ctx, len);
     mw_remote_t r;
@@ -246,7 +224,7 @@ static void rdma_cancel_waits_for_posted_chunks(void **state)
     rxe_round_trip(p.a, p.b);                  /* the connection goes on */
     mw_free(p.ctx, src);
     mw_free(p.ctx, dst);
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* --- a connect that fails is torn down ------------------------------------ */
@@ -337,7 +315,7 @@ static void port_down_fails_its_connections(void **state)
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.keepalive_ms = 10000;                    /* not what notices here */
-    struct pair p;
+    struct rxe_pair p;
     assert_int_equal(mw_ctx_new(&p.ctx, NULL, NULL), 0);
     rxe_server_start(&p.s, p.ctx, TADDR, &o);
     p.a = rxe_connect(p.ctx, TADDR, p.s.port, &o);
@@ -436,8 +414,8 @@ static void inbox_bytes_and_message_size_are_bounded(void **state)
     mw_conn_opts_init(&o);
     o.max_inbox_bytes = 1u << 20;
     o.max_msg_size = 512u << 10;
-    struct pair p;
-    pair_open(&p, &o);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], &o);
     enum { N = 16, LEN = 256 << 10 };
     uint8_t *buf = malloc((size_t)N * LEN);
     mw_future_t *s[N];
@@ -480,7 +458,7 @@ static void inbox_bytes_and_message_size_are_bounded(void **state)
     send_now(p.a, "still here", 11);
     expect_msg(p.b, "still here");
     free(buf);
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 /* --- fork() while transfers run ------------------------------------------ */
@@ -491,7 +469,7 @@ static void fill(uint8_t *b, size_t len, unsigned seed)
         b[i] = (uint8_t)(i * 131 + seed * 7 + (i >> 12));
 }
 
-static void write_now(struct pair *p, const uint8_t *src, size_t len, const mw_remote_t *r)
+static void write_now(struct rxe_pair *p, const uint8_t *src, size_t len, const mw_remote_t *r)
 {
     mw_future_t *w = mw_write(p->a, src, len, r, 0);
     int rc = mw_wait(w);
@@ -514,8 +492,8 @@ static void fork_leaves_the_parent_its_registered_memory(void **state)
     enum ibv_fork_status fs = ibv_is_fork_initialized();
     printf("ibv_is_fork_initialized: %s\n", fs == IBV_FORK_UNNEEDED ? "unneeded (copy on fork)"
                                             : fs == IBV_FORK_ENABLED ? "enabled" : "disabled");
-    struct pair p;
-    pair_open(&p, NULL);
+    struct rxe_pair p;
+    rxe_pair_open(&p, addrs[1], NULL);
     size_t len = 8u << 20;
     uint8_t *src = mw_alloc(p.ctx, len), *dst = mw_alloc(p.ctx, len), *want = malloc(len);
     assert_non_null(src);
@@ -549,7 +527,7 @@ static void fork_leaves_the_parent_its_registered_memory(void **state)
     free(want);
     mw_free(p.ctx, src);
     mw_free(p.ctx, dst);
-    pair_close(&p);
+    rxe_pair_close(&p);
 }
 
 int main(void)

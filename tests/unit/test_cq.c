@@ -330,10 +330,17 @@ static void ops_table_grows_and_validates(void **state)
     assert_int_equal(mw__ops_live(fx->ctx), N);
     for (int i = 0; i < N; i++)
         assert_ptr_equal(mw__op_lookup(fx->ctx, ops[i]->wr_id), ops[i]);
+    /* a position (chained requests number themselves) finds the same op */
+    for (unsigned pos = 0; pos < 256; pos += 51) {
+        struct ibv_wc wc = {.wr_id = mw__op_wr_id_at(ops[7], (uint8_t)pos)};
+        assert_ptr_equal(mw__op_lookup(fx->ctx, wc.wr_id), ops[7]);
+        assert_int_equal(mw__wc_pos(&wc), pos);
+    }
     for (int i = 0; i < N; i += 2) {
         uint64_t id = ops[i]->wr_id;
         mw__op_put(fx->ctx, ops[i]);
         assert_null(mw__op_lookup(fx->ctx, id));
+        assert_null(mw__op_lookup(fx->ctx, mw__op_wr_id_at(ops[i], 200)));
     }
     assert_int_equal(mw__ops_live(fx->ctx), N / 2);
     assert_null(mw__op_lookup(fx->ctx, (uint64_t)1 << 32 | 0xffffffu));   /* out of range */
