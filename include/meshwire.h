@@ -672,6 +672,81 @@ MW_EXTERN mw_future_t *mw_batch_post_imm(mw_batch_t *b, uint32_t imm, size_t *do
  *  is then refused, -ESTALE). */
 MW_EXTERN void mw_batch_free(mw_batch_t *b);
 
+/*
+ * Rails: one peer's memory reached over several connections at once, one
+ * per NIC pair (hosts that share several subnets: connect to each of the
+ * peer's addresses, and meshwire picks the local NIC on each subnet).  A
+ * rail group spreads transfers over its rails in slices, each to the rail
+ * with the fewest bytes outstanding.  A rail that fails (its connection
+ * broke: link down, QP error, peer gone) is taken out, and the slices it
+ * did not complete are posted again on the others: the transfer completes
+ * with every byte right while any rail works.  A rail given a new
+ * connection (mw_rails_replace) is probed (a 1-byte read) before it is
+ * used again.  The group posts on the connections but does not own them:
+ * keep them open while it uses them (one closed counts as a failed rail).
+ * Slices of one transfer, and transfers, complete in no particular order
+ * across rails; carry a notification over a connection after the future.
+ */
+typedef struct mw_rails mw_rails_t;
+#define MW_RAILS_MAX 8
+
+/** Rail states. */
+enum mw_rail_state { MW_RAIL_PROBING = 0, MW_RAIL_UP, MW_RAIL_DOWN };
+
+/** mw_rails_new() - an empty group on @ctx; @slice_bytes: bytes per
+ *  slice (0: 1 MiB).  Return 0 or -EINVAL, -ENOMEM; *@out is the caller's
+ *  (mw_rails_free, before the context). */
+MW_EXTERN int mw_rails_new(mw_ctx_t *ctx, size_t slice_bytes, mw_rails_t **out);
+
+/** mw_rails_add() - a rail: connection @c and @r, the peer's region as
+ *  exported on @c.  Every rail names the same region (address and length;
+ *  the key is the connection's own).  The rail is probed, then used.
+ *  Return: the rail's index, or -EINVAL (NULL, another region, @c already
+ *  a rail), -ENOSPC (MW_RAILS_MAX rails), -ENOMEM, or the refusal of @c. */
+MW_EXTERN int mw_rails_add(mw_rails_t *g, mw_conn_t *c, const mw_remote_t *r);
+
+/** mw_rails_replace() - give rail @rail a new connection @c (and the region
+ *  as exported on it), typically after it went down; it is probed, then
+ *  used again.  Slices still out on the old connection finish there first.
+ *  Return: 0, -EINVAL, -ENOENT (no such rail), or the refusal of @c. */
+MW_EXTERN int mw_rails_replace(mw_rails_t *g, int rail, mw_conn_t *c, const mw_remote_t *r);
+
+/** mw_rails_write() / mw_rails_read() - @len bytes between @local
+ *  (registered memory) and the region at @offset, over the rails.  The
+ *  future completes once every slice did, on some rail; it fails when no
+ *  rail is left, with the last rail's error, or at once for bad arguments
+ *  (-EINVAL, -ERANGE outside the region, -EFAULT not registered).
+ *  Cancel and deadline stop it as mw_write's (slices out complete first). */
+MW_EXTERN mw_future_t *mw_rails_write(mw_rails_t *g, const void *local, size_t len,
+                                      uint64_t offset);
+MW_EXTERN mw_future_t *mw_rails_read(mw_rails_t *g, void *local, size_t len, uint64_t offset);
+
+/** mw_rails_post() - a batch over the rails: @n entries (their .remote
+ *  must be 0: the group's region), sliced and spread like a transfer. */
+MW_EXTERN mw_future_t *mw_rails_post(mw_rails_t *g, mw_dir_t dir,
+                                     const mw_batch_entry_t *entries, size_t n);
+
+/** What a rail is and has done. */
+typedef struct mw_rail_stats {
+    int state;                /**< enum mw_rail_state */
+    char device[64];          /**< the local RDMA device of its connection */
+    uint64_t bytes;           /**< moved by slices that completed on it */
+    uint64_t slices;          /**< slices completed on it */
+    uint64_t failures;        /**< times it was taken out */
+    uint64_t reposted;        /**< its slices posted again on other rails */
+    char why[160];            /**< why it was last taken out */
+} mw_rail_stats_t;
+
+/** mw_rails_stats() - rail @rail of @g.  Return: 0, -EINVAL, -ENOENT. */
+MW_EXTERN int mw_rails_stats(const mw_rails_t *g, int rail, mw_rail_stats_t *out);
+/** mw_rails_count() - the rails of @g (their indexes are 0..count-1). */
+MW_EXTERN int mw_rails_count(const mw_rails_t *g);
+
+/** mw_rails_free() - drop the group: its transfers are cancelled (and
+ *  their futures fail once their slices are back); the connections stay
+ *  the caller's.  NULL does nothing. */
+MW_EXTERN void mw_rails_free(mw_rails_t *g);
+
 /** Called on the loop for each write-with-immediate that lands. */
 typedef void (*mw_imm_fn)(mw_conn_t *c, uint32_t imm, void *arg);
 MW_EXTERN int mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg);

@@ -8,6 +8,14 @@
  *                                      with an echo process: half the round
  *                                      trip, median and p99, as perftest's
  *                                      ib_send_lat / ib_write_lat report
+ *   mwbench batch ADDR [BLOCKS BYTES ROUNDS]
+ *                                      BLOCKS blocks of BYTES (default 1000 of
+ *                                      16 KiB) written to scattered places of a
+ *                                      remote pool over a loopback connection,
+ *                                      as one prepared batch per round and as
+ *                                      BLOCKS mw_write futures issued at once
+ *                                      (perftest's ib_write_bw at BYTES is
+ *                                      the anchor)
  *   mwbench connect ADDR N            time to set up N connections at once
  *   mwbench idle ADDR N SECONDS       CPU used by N idle connections
  *   mwbench coll [-n RANKS ADDR] OP [BYTES...]
@@ -877,6 +885,91 @@ static int futures_bench(long n)
     return 0;
 }
 
+/* --- batches against separate writes --------------------------------------- */
+
+/* One way of moving the blocks, ROUNDS times: "MiB/s cpu_s/GiB completions/block". */
+static void batch_line(const char *how, double t, double c, uint64_t wcs, size_t blocks,
+                       size_t bytes, unsigned rounds)
+{
+    double gib = (double)blocks * bytes * rounds / (1u << 30);
+    printf("%-8s %8zu %8zu %8u %10.1f %12.2f %12.3f\n", how, blocks, bytes, rounds,
+           gib * 1024 / t, c / gib, (double)wcs / ((double)blocks * rounds));
+}
+
+static uint64_t wc_count(mw_ctx_t *ctx)
+{
+    mw_ctx_stats_t st;
+    mw_ctx_stats(ctx, &st);
+    return st.completions;
+}
+
+static int batch_bench(const char *addr, size_t blocks, size_t bytes, unsigned rounds)
+{
+    if (!blocks || blocks > (1u << 20) || !bytes || bytes > (64u << 20) || !rounds)
+        die("blocks 1..2^20, bytes 1..64 MiB, rounds >= 1", -EINVAL, NULL);
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    char target[160];
+    mw_listener_t *l = listen_on(ctx, addr, target, sizeof target);
+    mw_conn_t *c = connect_one(ctx, target);
+    while (!naccepted)
+        run_for(ctx, 5);
+    size_t slots = 2 * blocks;                  /* the pool: twice the blocks, half used */
+    uint8_t *src = mw_alloc(ctx, blocks * bytes), *pool = mw_alloc(ctx, slots * bytes);
+    mw_batch_entry_t *e = calloc(blocks, sizeof *e);
+    size_t *perm = calloc(slots, sizeof *perm);
+    mw_future_t **fs = calloc(blocks, sizeof *fs);
+    if (!src || !pool || !e || !perm || !fs)
+        die("memory", -ENOMEM, NULL);
+    memset(src, 7, blocks * bytes);
+    mw_remote_t r;
+    if (mw_mem_export(accepted[0], pool, slots * bytes, &r))
+        die("export", -EFAULT, NULL);
+    srand(1);
+    for (size_t i = 0; i < slots; i++)
+        perm[i] = i;
+    for (size_t i = slots - 1; i > 0; i--) {
+        size_t j = (size_t)rand() % (i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (size_t i = 0; i < blocks; i++)
+        e[i] = (mw_batch_entry_t){.local = src + i * bytes, .len = bytes,
+                                  .offset = perm[i] * bytes};
+    mw_batch_t *b;
+    int rc = mw_batch_new(c, MW_DIR_WRITE, &r, 1, e, blocks, &b, NULL);
+    if (rc)
+        die("batch", rc, NULL);
+    wait_or_die(mw_batch_post(b, NULL), "warm-up batch");
+    printf("%-8s %8s %8s %8s %10s %12s %12s\n", "how", "blocks", "bytes", "rounds", "MiB/s",
+           "cpu_s/GiB", "wc/block");
+    double t0 = now(), c0 = cpu();
+    uint64_t w0 = wc_count(ctx);
+    for (unsigned k = 0; k < rounds; k++)
+        wait_or_die(mw_batch_post(b, NULL), "batch");
+    batch_line("batch", now() - t0, cpu() - c0, wc_count(ctx) - w0, blocks, bytes, rounds);
+    t0 = now(), c0 = cpu(), w0 = wc_count(ctx);
+    for (unsigned k = 0; k < rounds; k++) {
+        for (size_t i = 0; i < blocks; i++)
+            fs[i] = mw_write(c, e[i].local, bytes, &r, e[i].offset);
+        mw_future_t *all = mw_future_all(ctx, fs, blocks);
+        wait_or_die(all, "writes");
+        for (size_t i = 0; i < blocks; i++)
+            mw_future_unref(fs[i]);
+    }
+    batch_line("writes", now() - t0, cpu() - c0, wc_count(ctx) - w0, blocks, bytes, rounds);
+    mw_batch_free(b);
+    free(e);
+    free(perm);
+    free(fs);
+    mw_free(ctx, src);
+    mw_free(ctx, pool);
+    close_conn(c);
+    mw_listener_free(l);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -884,6 +977,10 @@ int main(int argc, char **argv)
         char *dflt[] = {"4096", "65536", "1048576", "8388608"};
         return argc > 3 ? write_bw(argv[2], argc - 3, argv + 3) : write_bw(argv[2], 4, dflt);
     }
+    if ((argc == 3 || argc == 6) && !strcmp(argv[1], "batch"))
+        return argc == 3 ? batch_bench(argv[2], 1000, 16384, 20)
+                         : batch_bench(argv[2], strtoul(argv[3], NULL, 0),
+                                       strtoul(argv[4], NULL, 0), (unsigned)atoi(argv[5]));
     if (argc == 4 && !strcmp(argv[1], "connect"))
         return connect_bench(argv[2], atoi(argv[3]), 0);
     if (argc == 5 && !strcmp(argv[1], "idle"))
@@ -897,7 +994,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && argc <= 3 && !strcmp(argv[1], "futures"))
         return futures_bench(argc == 3 ? atol(argv[2]) : 2000000);
     fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
-                    "       mwbench lat ADDR [SIZE...]\n"
+                    "       mwbench lat ADDR [SIZE...] | batch ADDR [BLOCKS BYTES ROUNDS]\n"
                     "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n"
                     "       mwbench futures [N] | stalls ADDR\n");
     return 2;
