@@ -16,6 +16,14 @@
  *                                      BLOCKS mw_write futures issued at once
  *                                      (perftest's ib_write_bw at BYTES is
  *                                      the anchor)
+ *   mwbench rails-serve PORT BYTES    serve a pool of BYTES to rail groups: every
+ *                                      connection gets it exported and its
+ *                                      descriptor (runs until killed)
+ *   mwbench rails ADDRS PORT BYTES ROUNDS
+ *                                      BYTES written over one rail (the first of
+ *                                      the comma-separated ADDRS of a
+ *                                      rails-serve peer) and over all of them
+ *                                      (mw_rails_write): MiB/s per round count
  *   mwbench connect ADDR N            time to set up N connections at once
  *   mwbench idle ADDR N SECONDS       CPU used by N idle connections
  *   mwbench coll [-n RANKS ADDR] OP [BYTES...]
@@ -44,6 +52,7 @@
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
 #include <errno.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -970,6 +979,132 @@ static int batch_bench(const char *addr, size_t blocks, size_t bytes, unsigned r
     return 0;
 }
 
+/* --- rails ------------------------------------------------------------------ */
+
+static uint8_t *rails_pool;
+static size_t rails_bytes;
+static volatile sig_atomic_t terminated;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    terminated = 1;
+}
+
+static void free_when_sent(mw_future_t *f, void *arg)
+{
+    (void)f;
+    free(arg);
+}
+
+static void on_rails_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    (void)arg;
+    mw_remote_t *r = malloc(sizeof *r);      /* a send reads its buffer later */
+    if (!r || mw_mem_export(c, rails_pool, rails_bytes, r) != 0) {
+        free(r);
+        mw_conn_abort(c);
+        return;
+    }
+    mw_future_t *f = mw_send(c, r, sizeof *r);
+    mw_future_then(f, free_when_sent, r);
+    mw_future_unref(f);
+}
+
+static int rails_serve(int port, size_t bytes)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    rails_bytes = bytes;
+    if (!(rails_pool = mw_alloc(ctx, bytes)))
+        die("memory", -ENOMEM, NULL);
+    char a[32];
+    snprintf(a, sizeof a, "*:%d", port);
+    mw_listener_t *l;
+    int rc = mw_listen(ctx, a, NULL, on_rails_accept, NULL, &l);
+    if (rc)
+        die("listen", rc, NULL);
+    printf("serving %zu bytes on port %d\n", bytes, port);
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    while (!terminated)
+        run_for(ctx, 100);
+    mw_listener_free(l);
+    mw_free(ctx, rails_pool);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
+/* A connection to @addr:@port (retried while the server starts) and the
+ * pool's descriptor it sends. */
+static mw_conn_t *rails_connect(mw_ctx_t *ctx, const char *addr, int port, mw_remote_t *r)
+{
+    char a[96];
+    snprintf(a, sizeof a, "%s:%d", addr, port);
+    for (int tries = 0; tries < 60; tries++) {
+        mw_future_t *f = mw_connect(ctx, a, NULL);
+        if (mw_wait(f) == 0) {
+            mw_conn_t *c = mw_future_value(f);
+            mw_future_unref(f);
+            mw_future_t *m = mw_recv(c);
+            mw_future_set_timeout(m, 10000);
+            int rc = mw_wait(m);
+            if (rc)
+                die("descriptor", rc, m);
+            mw_msg_t *msg = mw_future_value(m);
+            if (msg->len != sizeof *r)
+                die("descriptor", -EPROTO, NULL);
+            memcpy(r, msg->data, sizeof *r);
+            mw_msg_free(msg);
+            mw_future_unref(m);
+            return c;
+        }
+        mw_future_unref(f);
+        run_for(ctx, 500);
+    }
+    die("connect", -ETIMEDOUT, NULL);
+    return NULL;
+}
+
+static int rails_bench(char *addrs, int port, size_t bytes, unsigned rounds)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    uint8_t *src = mw_alloc(ctx, bytes);
+    if (!src)
+        die("memory", -ENOMEM, NULL);
+    memset(src, 7, bytes);
+    mw_conn_t *c[MW_RAILS_MAX];
+    mw_remote_t r[MW_RAILS_MAX];
+    int n = 0;
+    for (char *save, *a = strtok_r(addrs, ",", &save); a && n < MW_RAILS_MAX;
+         a = strtok_r(NULL, ",", &save), n++)
+        c[n] = rails_connect(ctx, a, port, &r[n]);
+    printf("%-6s %12s %8s %10s %12s\n", "rails", "bytes", "rounds", "MiB/s", "cpu_s/GiB");
+    for (int use = 1; use <= n; use += n - 1 ? n - 1 : 1) {
+        mw_rails_t *g;
+        mw_rails_new(ctx, 0, &g);
+        for (int i = 0; i < use; i++)
+            mw_rails_add(g, c[i], &r[i]);
+        wait_or_die(mw_rails_write(g, src, bytes, 0), "warm-up");
+        double t0 = now(), c0 = cpu();
+        for (unsigned k = 0; k < rounds; k++)
+            wait_or_die(mw_rails_write(g, src, bytes, 0), "rails write");
+        double t = now() - t0, gib = (double)bytes * rounds / (1u << 30);
+        printf("%-6d %12zu %8u %10.1f %12.2f\n", use, bytes, rounds, gib * 1024 / t,
+               (cpu() - c0) / gib);
+        mw_rails_free(g);
+        if (n == 1)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        close_conn(c[i]);
+    mw_free(ctx, src);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -981,6 +1116,11 @@ int main(int argc, char **argv)
         return argc == 3 ? batch_bench(argv[2], 1000, 16384, 20)
                          : batch_bench(argv[2], strtoul(argv[3], NULL, 0),
                                        strtoul(argv[4], NULL, 0), (unsigned)atoi(argv[5]));
+    if (argc == 4 && !strcmp(argv[1], "rails-serve"))
+        return rails_serve(atoi(argv[2]), strtoul(argv[3], NULL, 0));
+    if (argc == 6 && !strcmp(argv[1], "rails"))
+        return rails_bench(argv[2], atoi(argv[3]), strtoul(argv[4], NULL, 0),
+                           (unsigned)atoi(argv[5]));
     if (argc == 4 && !strcmp(argv[1], "connect"))
         return connect_bench(argv[2], atoi(argv[3]), 0);
     if (argc == 5 && !strcmp(argv[1], "idle"))
@@ -996,6 +1136,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "usage: mwbench write-bw ADDR [SIZE...] | connect ADDR N | idle ADDR N SECONDS\n"
                     "       mwbench lat ADDR [SIZE...] | batch ADDR [BLOCKS BYTES ROUNDS]\n"
                     "       mwbench coll [-n RANKS ADDR] OP [BYTES...]\n"
-                    "       mwbench futures [N] | stalls ADDR\n");
+                    "       mwbench futures [N] | stalls ADDR\n"
+                    "       mwbench rails-serve PORT BYTES | rails ADDRS PORT BYTES ROUNDS\n");
     return 2;
 }
