@@ -737,8 +737,10 @@ typedef struct mw_rail_stats {
     char why[160];            /**< why it was last taken out */
 } mw_rail_stats_t;
 
-/** mw_rails_stats() - rail @rail of @g.  Return: 0, -EINVAL, -ENOENT. */
-MW_EXTERN int mw_rails_stats(const mw_rails_t *g, int rail, mw_rail_stats_t *out);
+/** mw_rails_stats() - rail @rail of @g; an idle rail whose connection
+ *  broke is taken out here, so the state is current.  Return: 0, -EINVAL,
+ *  -ENOENT. */
+MW_EXTERN int mw_rails_stats(mw_rails_t *g, int rail, mw_rail_stats_t *out);
 /** mw_rails_count() - the rails of @g (their indexes are 0..count-1). */
 MW_EXTERN int mw_rails_count(const mw_rails_t *g);
 

@@ -151,6 +151,19 @@ static void run_for(mw_ctx_t *ctx, unsigned ms)
     mw_future_unref(t);
 }
 
+/* A new context, a listener on @addr and a connection to it, accepted
+ * (accepted[0] is the other end). */
+static mw_conn_t *loopback(const char *addr, mw_ctx_t **ctx, mw_listener_t **l)
+{
+    mw_ctx_new(ctx, NULL, NULL);
+    char target[160];
+    *l = listen_on(*ctx, addr, target, sizeof target);
+    mw_conn_t *c = connect_one(*ctx, target);
+    while (!naccepted)
+        run_for(*ctx, 5);
+    return c;
+}
+
 static void close_conn(mw_conn_t *c)
 {
     mw_future_t *f = mw_conn_close(c);
@@ -230,12 +243,8 @@ static void probe_arm(struct stall_probe *p)
 static int write_bw(const char *addr, int nsizes, char **sizes)
 {
     mw_ctx_t *ctx;
-    mw_ctx_new(&ctx, NULL, NULL);
-    char target[160];
-    mw_listener_t *l = listen_on(ctx, addr, target, sizeof target);
-    mw_conn_t *c = connect_one(ctx, target);
-    while (!naccepted)
-        run_for(ctx, 5);
+    mw_listener_t *l;
+    mw_conn_t *c = loopback(addr, &ctx, &l);
     size_t max = 8u << 20;
     void *src = mw_alloc(ctx, max), *dst = mw_alloc(ctx, max);
     memset(src, 7, max);
@@ -917,12 +926,8 @@ static int batch_bench(const char *addr, size_t blocks, size_t bytes, unsigned r
     if (!blocks || blocks > (1u << 20) || !bytes || bytes > (64u << 20) || !rounds)
         die("blocks 1..2^20, bytes 1..64 MiB, rounds >= 1", -EINVAL, NULL);
     mw_ctx_t *ctx;
-    mw_ctx_new(&ctx, NULL, NULL);
-    char target[160];
-    mw_listener_t *l = listen_on(ctx, addr, target, sizeof target);
-    mw_conn_t *c = connect_one(ctx, target);
-    while (!naccepted)
-        run_for(ctx, 5);
+    mw_listener_t *l;
+    mw_conn_t *c = loopback(addr, &ctx, &l);
     size_t slots = 2 * blocks;                  /* the pool: twice the blocks, half used */
     uint8_t *src = mw_alloc(ctx, blocks * bytes), *pool = mw_alloc(ctx, slots * bytes);
     mw_batch_entry_t *e = calloc(blocks, sizeof *e);

@@ -88,7 +88,24 @@ static void rail_down(mw_rails_t *g, int i, int err, const char *why)
         return;
     r->st.state = MW_RAIL_DOWN;
     r->st.failures++;
-    snprintf(r->st.why, sizeof r->st.why, "%s (%s)", why, mw_strerror(err));
+    snprintf(r->st.why, sizeof r->st.why, "%.120s (%s)", why, mw_strerror(err));
+}
+
+/* Take out the up rails whose connection broke (or was closed) while no
+ * slice was on it: they are not offered work, and their stats say so. */
+static void check_rails(mw_rails_t *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        struct rail *r = &g->rails[i];
+        if (r->st.state != MW_RAIL_UP)
+            continue;
+        int err;
+        struct mw__conn *c = mw__conn_of(r->conn, "mw_rails", &err);
+        if (!c)
+            rail_down(g, i, err, "its connection was closed");
+        else if (c->err || !mw__conn_usable(c))
+            rail_down(g, i, c->err ? c->err : -ESHUTDOWN, c->err ? c->why : "connection closing");
+    }
 }
 
 /* --- probing -------------------------------------------------------------- */
@@ -209,12 +226,13 @@ int mw_rails_count(const mw_rails_t *g)
     return g ? g->n : -EINVAL;
 }
 
-int mw_rails_stats(const mw_rails_t *g, int rail, mw_rail_stats_t *out)
+int mw_rails_stats(mw_rails_t *g, int rail, mw_rail_stats_t *out)
 {
     if (!g || !out)
         return -EINVAL;
     if (rail < 0 || rail >= g->n)
         return -ENOENT;
+    check_rails(g);
     *out = g->rails[rail].st;
     return 0;
 }
@@ -347,6 +365,7 @@ static void feed(struct gxfer *t)
 
 static void schedule(mw_rails_t *g)
 {
+    check_rails(g);
     struct gxfer *t;
     mw__list_for_each(t, &g->xfers, link) {
         feed(t);
@@ -467,6 +486,7 @@ static mw_future_t *start(mw_rails_t *g, mw_dir_t dir, const mw_batch_entry_t *e
         return f;
     }
     mw__future_on_cancel(f, on_cancel, t);
+    check_rails(g);
     feed(t);
     maybe_finish(t);
     return f;

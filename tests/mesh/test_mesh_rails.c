@@ -27,7 +27,8 @@
 #include "../rxe/rxe_util.h"
 
 #define PORT 7475
-#define POOL (48u << 20)
+#define POOL (64u << 20)
+#define SLICE (4u << 20)          /* several in flight on a rail: 16 MiB, 0.5 s of work */
 #define FAILOVER_BOUND_S 10.0     /* link down to the transfer's completion */
 #define MAXC 16
 
@@ -139,20 +140,19 @@ static void write_and_check(mw_rails_t *g, unsigned round)
     assert_memory_equal(back, src, POOL);
 }
 
-/* Run a shell command on the netdev holding local address @local
- * ("a.b.c.d:port"), which it finds in $nd; @looping: with the loop running
- * meanwhile (a device's removal waits for meshwire to let go of it), else
- * with the loop stopped (what is in flight stays in flight). */
-static void on_netdev(const char *local, bool looping, const char *what)
+/* The netdev holding local address @local ("a.b.c.d:port"). */
+static const char *netdev_of(const char *local)
 {
-    char ip[64], cmd[512];
-    snprintf(ip, sizeof ip, "%s", local);
-    *strchr(ip, ':') = '\0';
-    snprintf(cmd, sizeof cmd, "nd=$(ip -o -4 addr show | awk '$4 ~ \"^%s/\" {print $2}') && %s",
-             ip, what);
-    char *argv[] = {"sh", "-c", cmd, NULL};
-    double took;
-    assert_int_equal(looping ? rxe_run_while_looping(ctx, argv, &took) : system(cmd), 0);
+    static char nd[64];
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ip -o -4 addr show | awk '$4 ~ \"^%.*s/\" {print $2}'",
+             (int)(strchr(local, ':') - local), local);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(nd, sizeof nd, p));
+    pclose(p);
+    nd[strcspn(nd, "\n")] = '\0';
+    return nd;
 }
 
 static void rails_between_two_links(void **state)
@@ -164,7 +164,7 @@ static void rails_between_two_links(void **state)
     for (int k = 0; k < 2; k++)
         c[k] = connect_rail(peer_link(j, k), &r[k]);
     mw_rails_t *g;
-    assert_int_equal(mw_rails_new(ctx, 1 << 20, &g), 0);
+    assert_int_equal(mw_rails_new(ctx, SLICE, &g), 0);
     for (int k = 0; k < 2; k++) {
         int rc = mw_rails_add(g, c[k], &r[k]);
         if (rc != k)
@@ -191,21 +191,24 @@ static void rails_between_two_links(void **state)
             uint64_t v = (uint64_t)2 << 56 | (uint64_t)me << 48 | i;
             memcpy(src + i, &v, 8);
         }
+        char down[160];
+        snprintf(down, sizeof down, "ip link set dev %s down", netdev_of(cs.local));
         uint64_t s0 = rail(g, 1).slices;
         mw_future_t *f = mw_rails_write(g, src, POOL, 0);
-        while (rail(g, 1).slices < s0 + 6)
-            loop_for(ctx, 1);                    /* some 12 MiB in */
+        while (rail(g, 1).slices < s0 + 2)
+            loop_for(ctx, 1);                    /* rail 1 has more slices out */
         double t0 = now_s();
-        on_netdev(cs.local, false, "ip link set dev \"$nd\" down");
+        assert_int_equal(system(down), 0);       /* the loop stopped: they stay out */
+        double cmd_s = now_s() - t0;
         while (rail(g, 1).state != MW_RAIL_DOWN && now_s() - t0 < FAILOVER_BOUND_S)
             loop_for(ctx, 1);
         double out = now_s() - t0;
         run(f, "write across the link going down");
         double took = now_s() - t0;
         mw_rail_stats_t st = rail(g, 1);
-        print_message("node%d: link of rail 1 down mid-transfer: rail out after %.3f s, transfer "
-                      "complete %.3f s after the link went (rail 1 %s, %llu slices posted again: "
-                      "%s)\n", me, out, took,
+        print_message("node%d: link of rail 1 down mid-transfer (ip link set down took %.3f s): "
+                      "rail out after %.3f s, transfer complete %.3f s after the link went (rail 1 "
+                      "%s, %llu slices posted again: %s)\n", me, cmd_s, out, took,
                       st.state == MW_RAIL_DOWN ? "down" : "still up",
                       (unsigned long long)st.reposted, st.why);
         assert_int_equal(st.state, MW_RAIL_DOWN);
@@ -214,9 +217,15 @@ static void rails_between_two_links(void **state)
         memset(back, 0, POOL);
         run(mw_rails_read(g, back, POOL, 0), "read back");
         assert_memory_equal(back, src, POOL);
-        on_netdev(cs.local, true, "ip link set dev \"$nd\" up && "
-                            "dev=$(rdma link | awk -v n=\"$nd\" '$NF == n {split($2, d, \"/\"); print d[1]}') && "
-                            "rdma link delete \"$dev\" && rdma link add \"$dev\" type rxe netdev \"$nd\"");
+        /* the loop runs meanwhile: the device's removal waits for meshwire */
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "nd=%s && ip link set dev $nd up && "
+                 "dev=$(rdma link | awk -v n=$nd '$NF == n {split($2, d, \"/\"); print d[1]}') && "
+                 "rdma link delete $dev && rdma link add $dev type rxe netdev $nd",
+                 netdev_of(cs.local));
+        char *argv[] = {"sh", "-c", cmd, NULL};
+        double ran;
+        assert_int_equal(rxe_run_while_looping(ctx, argv, &ran), 0);
     }
     barrier("link-up");
 

@@ -322,3 +322,10 @@ void rxe_pair_close(struct rxe_pair *p)
     rxe_server_close(&p->s);
     mw_ctx_free(p->ctx);
 }
+
+void rxe_wait_conns_gone(mw_ctx_t *ctx)
+{
+    for (int i = 0; i < 300 && rxe_conns_left(ctx); i++)
+        loop_for(ctx, 10);
+    assert_int_equal(rxe_conns_left(ctx), 0);
+}

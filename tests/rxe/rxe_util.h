@@ -48,6 +48,8 @@ long rxe_rss_kib(void);
 /* rxe_conns_left() - connections the context's cm layer still has (any
  * state): 0 once everything made has gone. */
 size_t rxe_conns_left(mw_ctx_t *ctx);
+/* rxe_wait_conns_gone() - run the loop until none is left (fail after 3 s). */
+void rxe_wait_conns_gone(mw_ctx_t *ctx);
 
 /* loop_for() - run @ctx's loop for @ms milliseconds (a future that can only
  * time out). */

@@ -282,6 +282,49 @@ static void every_entry_checked_before_posting(void **state)
     rxe_pair_close(&p);
 }
 
+/* N pages of a pattern written, as one strided batch, to a pool of the
+ * peer's: the setup of the tests below. */
+struct paged {
+    struct rxe_pair p;
+    size_t n;
+    uint8_t *src, *pool;
+    mw_remote_t r;
+    mw_batch_t *b;
+    size_t done;                  /* what the post under way says */
+};
+
+static void paged_open(struct paged *k, size_t n, unsigned round)
+{
+    rxe_pair_open(&k->p, addrs[1], NULL);
+    k->n = n;
+    k->src = mw_alloc(k->p.ctx, n * PAGE);
+    k->pool = mw_alloc(k->p.ctx, n * PAGE);
+    assert_true(k->src && k->pool);
+    memset(k->pool, 0, n * PAGE);
+    for (size_t i = 0; i < n; i++)
+        fill_page(k->src + i * PAGE, i, round);
+    assert_int_equal(mw_mem_export(k->p.b, k->pool, n * PAGE, &k->r), 0);
+    assert_int_equal(mw_batch_new_strided(k->p.a, MW_DIR_WRITE, k->src, PAGE, &k->r, 0, PAGE, n,
+                                          PAGE, &k->b, NULL), 0);
+}
+
+/* Post the batch and run the loop until @least entries are done. */
+static mw_future_t *paged_post_until(struct paged *k, size_t least)
+{
+    k->done = SIZE_MAX;
+    mw_future_t *f = mw_batch_post(k->b, &k->done);
+    while (k->done < least || k->done == SIZE_MAX)
+        loop_for(k->p.ctx, 1);
+    return f;
+}
+
+static void paged_free_memory(struct paged *k)
+{
+    mw_batch_free(k->b);
+    mw_free(k->p.ctx, k->src);
+    mw_free(k->p.ctx, k->pool);
+}
+
 struct imm_check {
     const uint8_t *pool, *src;
     size_t len;
@@ -303,32 +346,20 @@ static void on_imm(mw_conn_t *c, uint32_t imm, void *arg)
 static void immediate_after_the_whole_batch(void **state)
 {
     (void)state;
-    enum { N = 500 };
-    struct rxe_pair p;
-    rxe_pair_open(&p, addrs[1], NULL);
-    uint8_t *src = mw_alloc(p.ctx, N * PAGE), *pool = mw_alloc(p.ctx, N * PAGE);
-    memset(pool, 0, N * PAGE);
-    for (size_t i = 0; i < N; i++)
-        fill_page(src + i * PAGE, i, 3);
-    mw_remote_t r;
-    assert_int_equal(mw_mem_export(p.b, pool, N * PAGE, &r), 0);
-    struct imm_check k = {.pool = pool, .src = src, .len = N * PAGE};
-    assert_int_equal(mw_conn_on_imm(p.b, on_imm, &k), 0);
-    mw_batch_t *b;
-    assert_int_equal(mw_batch_new_strided(p.a, MW_DIR_WRITE, src, PAGE, &r, 0, PAGE, N, PAGE,
-                                          &b, NULL), 0);
-    mw_future_t *f = mw_batch_post_imm(b, 0xabcd, NULL);
+    struct paged k;
+    paged_open(&k, 500, 3);
+    struct imm_check ic = {.pool = k.pool, .src = k.src, .len = k.n * PAGE};
+    assert_int_equal(mw_conn_on_imm(k.p.b, on_imm, &ic), 0);
+    mw_future_t *f = mw_batch_post_imm(k.b, 0xabcd, NULL);
     assert_int_equal(mw_wait(f), 0);
     mw_future_unref(f);
-    for (int i = 0; i < 200 && !k.got; i++)
-        loop_for(p.ctx, 10);
-    assert_int_equal(k.got, 1);
-    assert_int_equal(k.imm, 0xabcd);
-    assert_true(k.in_place);
-    mw_batch_free(b);
-    mw_free(p.ctx, src);
-    mw_free(p.ctx, pool);
-    rxe_pair_close(&p);
+    for (int i = 0; i < 200 && !ic.got; i++)
+        loop_for(k.p.ctx, 10);
+    assert_int_equal(ic.got, 1);
+    assert_int_equal(ic.imm, 0xabcd);
+    assert_true(ic.in_place);
+    paged_free_memory(&k);
+    rxe_pair_close(&k.p);
 }
 
 /* The peer withdraws its export while a large batch is under way: the
@@ -338,42 +369,25 @@ static void immediate_after_the_whole_batch(void **state)
 static void failed_batch_says_what_completed(void **state)
 {
     (void)state;
-    enum { N = 4000 };
-    struct rxe_pair p;
-    rxe_pair_open(&p, addrs[1], NULL);
-    uint8_t *src = mw_alloc(p.ctx, (size_t)N * PAGE), *pool = mw_alloc(p.ctx, (size_t)N * PAGE);
-    memset(pool, 0, (size_t)N * PAGE);
-    for (size_t i = 0; i < N; i++)
-        fill_page(src + i * PAGE, i, 5);
-    mw_remote_t r;
-    assert_int_equal(mw_mem_export(p.b, pool, (size_t)N * PAGE, &r), 0);
-    mw_batch_t *b;
-    assert_int_equal(mw_batch_new_strided(p.a, MW_DIR_WRITE, src, PAGE, &r, 0, PAGE, N, PAGE,
-                                          &b, NULL), 0);
-    size_t done = SIZE_MAX;
-    mw_future_t *f = mw_batch_post(b, &done);
-    while (done < 200 || done == SIZE_MAX)
-        loop_for(p.ctx, 1);
-    assert_int_equal(mw_mem_unexport(p.b, &r), 0);
+    struct paged k;
+    paged_open(&k, 4000, 5);
+    mw_future_t *f = paged_post_until(&k, 200);
+    assert_int_equal(mw_mem_unexport(k.p.b, &k.r), 0);
     int rc = mw_wait(f);
-    print_message("withdrawn under way: %s after %zu of %d entries (%s)\n", mw_strerror(rc), done,
-                  N, mw_future_message(f));
+    print_message("withdrawn under way: %s after %zu of %zu entries (%s)\n", mw_strerror(rc),
+                  k.done, k.n, mw_future_message(f));
     mw_future_unref(f);
     assert_true(rc == -EACCES || rc == -ECONNRESET || rc == -EREMOTEIO);
-    assert_true(done >= 200 && done < N);
-    assert_memory_equal(pool, src, done * PAGE);
-    mw_conn_abort(p.a);
-    mw_conn_abort(p.b);                          /* its end saw the access refused */
-    p.s.n = 0;
-    mw_batch_free(b);
+    assert_true(k.done >= 200 && k.done < k.n);
+    assert_memory_equal(k.pool, k.src, k.done * PAGE);
+    mw_conn_abort(k.p.a);
+    mw_conn_abort(k.p.b);                        /* its end saw the access refused */
+    k.p.s.n = 0;
+    paged_free_memory(&k);
     assert_null(mw_batch_post(NULL, NULL));
-    mw_free(p.ctx, src);
-    mw_free(p.ctx, pool);
-    rxe_server_close(&p.s);
-    for (int i = 0; i < 300 && rxe_conns_left(p.ctx); i++)
-        loop_for(p.ctx, 10);
-    assert_int_equal(rxe_conns_left(p.ctx), 0);
-    mw_ctx_free(p.ctx);
+    rxe_server_close(&k.p.s);
+    rxe_wait_conns_gone(k.p.ctx);
+    mw_ctx_free(k.p.ctx);
 }
 
 /* Cancelled under way: fails -ECANCELED once what was posted is back; the
@@ -381,36 +395,21 @@ static void failed_batch_says_what_completed(void **state)
 static void cancelled_batch_says_what_completed(void **state)
 {
     (void)state;
-    enum { N = 4000 };
-    struct rxe_pair p;
-    rxe_pair_open(&p, addrs[1], NULL);
-    uint8_t *src = mw_alloc(p.ctx, (size_t)N * PAGE), *pool = mw_alloc(p.ctx, (size_t)N * PAGE);
-    memset(pool, 0, (size_t)N * PAGE);
-    for (size_t i = 0; i < N; i++)
-        fill_page(src + i * PAGE, i, 6);
-    mw_remote_t r;
-    assert_int_equal(mw_mem_export(p.b, pool, (size_t)N * PAGE, &r), 0);
-    mw_batch_t *b;
-    assert_int_equal(mw_batch_new_strided(p.a, MW_DIR_WRITE, src, PAGE, &r, 0, PAGE, N, PAGE,
-                                          &b, NULL), 0);
-    size_t done = SIZE_MAX;
-    mw_future_t *f = mw_batch_post(b, &done);
-    while (done < 100 || done == SIZE_MAX)
-        loop_for(p.ctx, 1);
+    struct paged k;
+    paged_open(&k, 4000, 6);
+    mw_future_t *f = paged_post_until(&k, 100);
     assert_int_equal(mw_future_cancel(f), 0);
     assert_int_equal(mw_wait(f), -ECANCELED);
     mw_future_unref(f);
-    print_message("cancelled after %zu of %d entries\n", done, N);
-    assert_true(done >= 100 && done < N);
-    assert_memory_equal(pool, src, done * PAGE);
+    print_message("cancelled after %zu of %zu entries\n", k.done, k.n);
+    assert_true(k.done >= 100 && k.done < k.n);
+    assert_memory_equal(k.pool, k.src, k.done * PAGE);
     /* the connection goes on: the same batch again, all of it */
-    assert_int_equal(post_wait(b, &done), 0);
-    assert_int_equal(done, N);
-    assert_memory_equal(pool, src, (size_t)N * PAGE);
-    mw_batch_free(b);
-    mw_free(p.ctx, src);
-    mw_free(p.ctx, pool);
-    rxe_pair_close(&p);
+    assert_int_equal(post_wait(k.b, &k.done), 0);
+    assert_int_equal(k.done, k.n);
+    assert_memory_equal(k.pool, k.src, k.n * PAGE);
+    paged_free_memory(&k);
+    rxe_pair_close(&k.p);
 }
 
 /* Registered memory that went away after preparing: the post fails

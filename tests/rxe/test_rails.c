@@ -73,9 +73,7 @@ static void rig_close(struct rig *k)
     mw_free(k->ctx, k->pool);
     mw_free(k->ctx, k->src);
     mw_free(k->ctx, k->back);
-    for (int i = 0; i < 300 && rxe_conns_left(k->ctx); i++)
-        loop_for(k->ctx, 10);
-    assert_int_equal(rxe_conns_left(k->ctx), 0);
+    rxe_wait_conns_gone(k->ctx);
     mw_ctx_free(k->ctx);
 }
 
@@ -88,7 +86,7 @@ static int wait_for(mw_future_t *f)
     return rc;
 }
 
-static mw_rail_stats_t rail(const struct rig *k, int i)
+static mw_rail_stats_t rail(struct rig *k, int i)
 {
     mw_rail_stats_t st;
     assert_int_equal(mw_rails_stats(k->g, i, &st), 0);
@@ -180,6 +178,29 @@ static void rail_failure_fails_over_and_recovers(void **state)
     rig_close(&k);
 }
 
+/* An idle rail whose connection breaks is taken out without a transfer
+ * having to find out: its stats say so, the next write goes to the other. */
+static void idle_rail_failure_is_noticed(void **state)
+{
+    (void)state;
+    struct rig k;
+    rig_open(&k, 1 << 20);
+    for (int i = 0; i < 500 && rail(&k, 1).state == MW_RAIL_PROBING; i++)
+        loop_for(k.ctx, 2);
+    assert_int_equal(rail(&k, 1).state, MW_RAIL_UP);
+    mw_conn_abort(k.s.conns[1]);
+    for (int i = 0; i < 500 && rail(&k, 1).state == MW_RAIL_UP; i++)
+        loop_for(k.ctx, 2);
+    mw_rail_stats_t st = rail(&k, 1);
+    assert_int_equal(st.state, MW_RAIL_DOWN);
+    assert_non_null(strstr(st.why, "disconnected"));
+    assert_int_equal(wait_for(mw_rails_write(k.g, k.src, POOL, 0)), 0);
+    assert_memory_equal(k.pool, k.src, POOL);
+    assert_int_equal(rail(&k, 1).bytes, 0);
+    assert_int_equal(rail(&k, 1).reposted, 0);      /* nothing was sent its way */
+    rig_close(&k);
+}
+
 /* Every rail gone: the transfer fails (not hangs) with the rails' error. */
 static void no_rail_left_fails(void **state)
 {
@@ -250,6 +271,7 @@ int main(void)
         cmocka_unit_test(both_rails_carry_bytes),
         cmocka_unit_test(batch_over_rails),
         cmocka_unit_test(rail_failure_fails_over_and_recovers),
+        cmocka_unit_test(idle_rail_failure_is_noticed),
         cmocka_unit_test(no_rail_left_fails),
         cmocka_unit_test(arguments_cancel_and_free),
     };
