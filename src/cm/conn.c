@@ -488,6 +488,8 @@ void mw__conn_free(struct mw__conn *c)
         mw__dev_release_cqe(c->dev, c->cqe_reserved);
     mw__queue_drop_all(c);
     mw__msg_free_buffers(c);
+    if (c->wr_out)                    /* still out (teardown): nothing to call */
+        mw__ops_drop_owner(c->ctx, c);
     mw__free(c->peers);
     if (c->close_f) {
         if (c->err && c->err != -ECONNABORTED && c->err != -ECONNRESET)
@@ -605,6 +607,9 @@ void mw__conn_drop_attempt(struct mw__conn *c)
     c->cqe_reserved = 0;
     mw__queue_drop_all(c);            /* nothing posted will come back */
     mw__msg_free_buffers(c);
+    if (c->wr_out)                    /* sends, a probe: completions already */
+        mw__ops_drop_owner(c->ctx, c);/* queued for the QP turn stray */
+    c->probe_op = NULL;
     c->wr_out = c->recv_out = 0;
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);

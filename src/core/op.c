@@ -115,6 +115,16 @@ struct mw__op *mw__op_lookup(const mw_ctx_t *ctx, uint64_t wr_id)
     return &s->op;
 }
 
+void mw__ops_drop_owner(mw_ctx_t *ctx, const void *owner)
+{
+    struct mw__ops *ops = ctx->ops;
+    for (uint32_t i = 0; ops && i < ops->nchunks * CHUNK; i++) {
+        struct slot *s = slot_at(ops, i);
+        if ((s->gen & 1) && s->op.owner == owner)
+            mw__op_put(ctx, &s->op);
+    }
+}
+
 void mw__ops_fail_all(mw_ctx_t *ctx)
 {
     struct mw__ops *ops = ctx->ops;

@@ -59,6 +59,11 @@ static inline uint8_t mw__wc_pos(const struct ibv_wc *wc)
 /* mw__op_lookup() - the live record for @wr_id (any position), or NULL. */
 struct mw__op *mw__op_lookup(const mw_ctx_t *ctx, uint64_t wr_id);
 
+/* mw__ops_drop_owner() - release every live record of @owner: its queue
+ * pair is gone, so what it posted will never complete with meaning (a
+ * completion still queued for it turns stray instead of reaching it). */
+void mw__ops_drop_owner(mw_ctx_t *ctx, const void *owner);
+
 /* mw__ops_fail_all() - abort every live op with -ECANCELED (teardown). */
 void mw__ops_fail_all(mw_ctx_t *ctx);
 

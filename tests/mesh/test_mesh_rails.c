@@ -2,19 +2,18 @@
  * mesh -k 2): node i serves its pool to node i-1 and is a client of node
  * i+1 over a rail group of two connections, one per link.  Both rails
  * carry bytes; then, mid-transfer, the client takes its own NIC of rail 1
- * down (ip link set down): the transfer completes on rail 0 with every
- * byte right, within a stated time.  The link comes back, the rail gets a
- * new connection, is probed and carries bytes again.
+ * down (ip link set down): the rail is taken out within 5 s and the
+ * transfer completes on rail 0 with every byte right within 30 s.
  *
- * rxe (Linux 6.1) needs a hand there: a link that went down while its
- * device had connections leaves that device unable to set up new ones
- * (measured: connection requests from it get no answer, from any process,
- * until the device is created again), so the test re-creates it as an
- * operator would; meshwire sees a device removed and a new one. */
+ * The rail coming back (a new connection, probed, used again) is tested in
+ * the rxe suite (test_rails.c), not here: on rxe (Linux 6.1) a device
+ * whose link went down while it had connections answers no connection
+ * request afterwards -- from any process -- until it is created again,
+ * and re-creating it (rdma link delete) did not always finish within 30 s
+ * with this process alive. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,9 +26,10 @@
 #include "../rxe/rxe_util.h"
 
 #define PORT 7475
-#define POOL (64u << 20)
-#define SLICE (4u << 20)          /* several in flight on a rail: 16 MiB, 0.5 s of work */
-#define FAILOVER_BOUND_S 10.0     /* link down to the transfer's completion */
+#define POOL (128u << 20)
+#define SLICE (16u << 20)         /* in flight on a rail: up to 64 MiB, seconds of work */
+#define FAILOVER_BOUND_S 5.0      /* link down to the rail taken out */
+#define COMPLETE_BOUND_S 30.0     /* link down to the transfer's completion */
 #define MAXC 16
 
 static int me, nodes;
@@ -191,11 +191,12 @@ static void rails_between_two_links(void **state)
             uint64_t v = (uint64_t)2 << 56 | (uint64_t)me << 48 | i;
             memcpy(src + i, &v, 8);
         }
-        char down[160];
+        char down[160], up[160];
         snprintf(down, sizeof down, "ip link set dev %s down", netdev_of(cs.local));
+        snprintf(up, sizeof up, "ip link set dev %s up", netdev_of(cs.local));
         uint64_t s0 = rail(g, 1).slices;
         mw_future_t *f = mw_rails_write(g, src, POOL, 0);
-        while (rail(g, 1).slices < s0 + 2)
+        while (rail(g, 1).slices < s0 + 1)
             loop_for(ctx, 1);                    /* rail 1 has more slices out */
         double t0 = now_s();
         assert_int_equal(system(down), 0);       /* the loop stopped: they stay out */
@@ -212,49 +213,20 @@ static void rails_between_two_links(void **state)
                       st.state == MW_RAIL_DOWN ? "down" : "still up",
                       (unsigned long long)st.reposted, st.why);
         assert_int_equal(st.state, MW_RAIL_DOWN);
-        assert_true(took < FAILOVER_BOUND_S);
+        assert_true(out < FAILOVER_BOUND_S);
+        assert_true(took < COMPLETE_BOUND_S);
         assert_true(st.reposted >= 1);
         memset(back, 0, POOL);
         run(mw_rails_read(g, back, POOL, 0), "read back");
         assert_memory_equal(back, src, POOL);
-        /* the loop runs meanwhile: the device's removal waits for meshwire */
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "nd=%s && ip link set dev $nd up && "
-                 "dev=$(rdma link | awk -v n=$nd '$NF == n {split($2, d, \"/\"); print d[1]}') && "
-                 "rdma link delete $dev && rdma link add $dev type rxe netdev $nd",
-                 netdev_of(cs.local));
-        char *argv[] = {"sh", "-c", cmd, NULL};
-        double ran;
-        assert_int_equal(rxe_run_while_looping(ctx, argv, &ran), 0);
+        assert_int_equal(system(up), 0);
     }
-    barrier("link-up");
-
-    /* the link is back: rail 1 (down here or at the peer) gets a new
-     * connection, is probed, and carries bytes again */
-    for (int i = 0; i < 100 && rail(g, 1).state == MW_RAIL_UP; i++)
-        write_and_check(g, 4);                   /* the peer's side may not know yet */
-    assert_int_equal(rail(g, 1).state, MW_RAIL_DOWN);
-    mw_conn_abort(c[1]);
-    c[1] = connect_rail(peer_link(j, 1), &r[1]);
-    assert_int_equal(mw_rails_replace(g, 1, c[1], &r[1]), 0);
-    for (int i = 0; i < 1000 && rail(g, 1).state == MW_RAIL_PROBING; i++)
-        loop_for(ctx, 5);
-    assert_int_equal(rail(g, 1).state, MW_RAIL_UP);
-    uint64_t before = rail(g, 1).bytes;
-    write_and_check(g, 3);
-    print_message("node%d: rail 1 back, carried %llu MiB of the next write\n", me,
-                  (unsigned long long)((rail(g, 1).bytes - before) >> 20));
-    assert_true(rail(g, 1).bytes - before >= POOL / 4);
     barrier("done");
 
-    bool down[2] = {rail(g, 0).state == MW_RAIL_DOWN, rail(g, 1).state == MW_RAIL_DOWN};
     mw_rails_free(g);
-    for (int k = 0; k < 2; k++) {
-        if (down[k])
-            mw_conn_abort(c[k]);
-        else
-            rxe_close_conn(c[k]);
-    }
+    rxe_close_conn(c[0]);
+    mw_conn_abort(c[1]);                         /* its link went down (here or, two
+                                                    nodes, at the peer) */
 }
 
 int main(void)

@@ -344,7 +344,18 @@ static void ops_table_grows_and_validates(void **state)
     }
     assert_int_equal(mw__ops_live(fx->ctx), N / 2);
     assert_null(mw__op_lookup(fx->ctx, (uint64_t)1 << 32 | 0xffffffu));   /* out of range */
+    /* an owner's records go together; others stay */
+    int other;
+    for (int i = 1; i < 20; i += 2)
+        ops[i]->owner = &other;
+    mw__ops_drop_owner(fx->ctx, &other);
+    assert_int_equal(mw__ops_live(fx->ctx), N / 2 - 10);
     for (int i = 1; i < N; i += 2)
+        if (i < 20)
+            assert_null(mw__op_lookup(fx->ctx, ops[i]->wr_id));
+        else
+            assert_ptr_equal(mw__op_lookup(fx->ctx, ops[i]->wr_id), ops[i]);
+    for (int i = 21; i < N; i += 2)
         mw__op_put(fx->ctx, ops[i]);
     assert_int_equal(mw__ops_live(fx->ctx), 0);
 }
