@@ -132,8 +132,7 @@ struct mw__rdma {
     uint8_t seq_posted, seq_acked;/* requests posted / accounted for, mod 256 */
     uint32_t *ends;               /* batches: entries complete once request
                                      seq (mod 256) completes */
-    size_t entries_done;
-    size_t *done_out;             /* the caller's, or NULL */
+    size_t *done_out;             /* the caller's: entries complete, or NULL */
 };
 
 struct mw__recv_slot {

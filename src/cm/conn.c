@@ -458,6 +458,28 @@ static void release_handle(struct mw__conn *c)
     c->imm_fn = NULL;
 }
 
+/* The QP goes, and all that lives with it: exports, the protection domain,
+ * CQ entries, queued operations, buffers, and the records of whatever is
+ * still posted (a completion already queued for the QP then turns stray
+ * instead of reaching them).  Again is a no-op. */
+static void release_qp(struct mw__conn *c)
+{
+    if (c->id && c->id->qp)
+        rdma_destroy_qp(c->id);
+    mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */
+    mw__pd_free(c->ctx, c->pd);       /* after the QP and the exports in it */
+    c->pd = NULL;
+    if (c->cqe_reserved)
+        mw__dev_release_cqe(c->dev, c->cqe_reserved);
+    c->cqe_reserved = 0;
+    mw__queue_drop_all(c);            /* nothing posted will come back */
+    mw__msg_free_buffers(c);
+    if (c->wr_out)                    /* sends, a probe still out */
+        mw__ops_drop_owner(c->ctx, c);
+    c->probe_op = NULL;
+    c->wr_out = c->recv_out = 0;
+}
+
 void mw__conn_free(struct mw__conn *c)
 {
     if (c->state == MW__CONN_FREED)
@@ -476,20 +498,9 @@ void mw__conn_free(struct mw__conn *c)
         event_free(c->pump_ev);
     if (c->probe_ev)
         event_free(c->probe_ev);
-    if (c->id) {
-        if (c->id->qp)
-            rdma_destroy_qp(c->id);   /* completions still queued turn stray */
+    release_qp(c);
+    if (c->id)
         rdma_destroy_id(c->id);
-    }
-    mw__rdma_drop_exports(c);
-    mw__pd_free(c->ctx, c->pd);   /* after the QP and the exports in it */
-    c->pd = NULL;
-    if (c->cqe_reserved)
-        mw__dev_release_cqe(c->dev, c->cqe_reserved);
-    mw__queue_drop_all(c);
-    mw__msg_free_buffers(c);
-    if (c->wr_out)                    /* still out (teardown): nothing to call */
-        mw__ops_drop_owner(c->ctx, c);
     mw__free(c->peers);
     if (c->close_f) {
         if (c->err && c->err != -ECONNABORTED && c->err != -ECONNRESET)
@@ -597,20 +608,7 @@ void mw__conn_drop_attempt(struct mw__conn *c)
 {
     if (!c->id)
         return;
-    if (c->id->qp)
-        rdma_destroy_qp(c->id);
-    mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */
-    mw__pd_free(c->ctx, c->pd);
-    c->pd = NULL;
-    if (c->cqe_reserved)
-        mw__dev_release_cqe(c->dev, c->cqe_reserved);
-    c->cqe_reserved = 0;
-    mw__queue_drop_all(c);            /* nothing posted will come back */
-    mw__msg_free_buffers(c);
-    if (c->wr_out)                    /* sends, a probe: completions already */
-        mw__ops_drop_owner(c->ctx, c);/* queued for the QP turn stray */
-    c->probe_op = NULL;
-    c->wr_out = c->recv_out = 0;
+    release_qp(c);
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);
     c->id = NULL;

@@ -420,9 +420,10 @@ static void on_cancel(mw_future_t *f, void *arg)
 static int cut(struct gxfer *t, const mw_batch_entry_t *e, size_t n, uint64_t total)
 {
     uint64_t sb = t->g->slice_bytes;
-    size_t maxp = n + total / sb + 1, maxs = total / sb + 1;
-    t->pieces = mw__calloc(maxp, sizeof *t->pieces);
-    t->slices = mw__calloc(maxs < maxp ? maxs + 1 : maxp, sizeof *t->slices);
+    /* every slice but the last holds sb bytes; a piece ends at an entry's
+     * end or a slice's */
+    t->pieces = mw__calloc(n + total / sb + 1, sizeof *t->pieces);
+    t->slices = mw__calloc(total / sb + 1, sizeof *t->slices);
     if (!t->pieces || !t->slices)
         return -ENOMEM;
     size_t np = 0, ns = 0;

@@ -99,6 +99,17 @@ static uint64_t chunk_of(const struct mw__conn *c)
     return mw__dev_post_chunk(c->dev, chunk);
 }
 
+/* Move a cursor (@seg, @off) of @r by @len bytes: into the next segment
+ * when the current one is done. */
+static void advance(const struct mw__rdma *r, size_t *seg, uint64_t *off, uint64_t len)
+{
+    *off += len;
+    if (*off == r->segs[*seg].len) {
+        ++*seg;
+        *off = 0;
+    }
+}
+
 static void on_chain_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__rdma *r = (struct mw__rdma *)(uintptr_t)op->u64[0];
@@ -112,11 +123,8 @@ static void on_chain_done(struct mw__op *op, const struct ibv_wc *wc)
     bool read = r->opcode == IBV_WR_RDMA_READ;
     if (read)
         c->reads_out -= n;
-    if (ok) {                     /* also after a cancel: these did complete */
-        r->entries_done = r->ends ? r->ends[pos] : r->seg == r->nsegs && r->x.out == n;
-        if (r->done_out)
-            *r->done_out = r->entries_done;
-    }
+    if (ok && r->done_out)        /* also after a cancel: these did complete */
+        *r->done_out = r->ends ? r->ends[pos] : r->seg == r->nsegs && r->x.out == n;
     int err = ok ? 0
               : wc->status == IBV_WC_WR_FLUSH_ERR && c->err ? c->err : mw__wc_errno(wc->status);
     /* first @r (it may go): failing the connection fails what is left,
@@ -173,11 +181,7 @@ static unsigned build_chain(struct mw__conn *c, struct mw__rdma *r, unsigned roo
             wr[n].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
             wr[n].imm_data = htonl(r->imm);
         }
-        off += len;
-        if (off == s->len) {
-            seg++;
-            off = 0;
-        }
+        advance(r, &seg, &off, len);
         if (r->ends)
             r->ends[(uint8_t)(r->seq_posted + n)] = (uint32_t)seg;
         *bytes += len;
@@ -210,11 +214,7 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     if (rc == 0 && r->opcode != IBV_WR_RDMA_READ)   /* a read's bytes move later */
         mw__dev_post_cost(c->dev, bytes, mw__now_ns() - t0);
     for (unsigned i = 0; i < took; i++) {
-        r->seg_off += sge[i].length;
-        if (r->seg_off == r->segs[r->seg].len) {
-            r->seg++;
-            r->seg_off = 0;
-        }
+        advance(r, &r->seg, &r->seg_off, sge[i].length);
         c->stats.rdma_bytes += sge[i].length;
         if (wr[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
             c->send_credits--;
