@@ -208,10 +208,12 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     *posted = 0;
     if (!n)
         return 0;
-    uint64_t t0 = mw__now_ns();
+    /* a read's bytes move later; a small post's time is the call's */
+    bool timed = r->opcode != IBV_WR_RDMA_READ && mw__dev_post_timed(bytes);
+    uint64_t t0 = timed ? mw__now_ns() : 0;
     int rc = -ibv_post_send(c->id->qp, wr, &bad);
     unsigned took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
-    if (rc == 0 && r->opcode != IBV_WR_RDMA_READ)   /* a read's bytes move later */
+    if (rc == 0 && timed)
         mw__dev_post_cost(c->dev, bytes, mw__now_ns() - t0);
     for (unsigned i = 0; i < took; i++) {
         advance(r, &r->seg, &r->seg_off, sge[i].length);

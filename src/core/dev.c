@@ -41,10 +41,15 @@ uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max)
     return chunk < max ? chunk : max;
 }
 
+bool mw__dev_post_timed(uint64_t bytes)
+{
+    return bytes >= MIN_POST_CHUNK / 4;  /* below, a post's time is the call's */
+}
+
 void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns)
 {
-    if (bytes < MIN_POST_CHUNK / 4)
-        return;                   /* small posts measure the call, not the bytes */
+    if (!mw__dev_post_timed(bytes))
+        return;
     uint64_t per_kib = ns * 1024 / bytes;
     per_kib = per_kib ? (per_kib > UINT32_MAX ? UINT32_MAX : per_kib) : 1;
     /* a moving average: one slow post (a preemption) moves it a quarter */

@@ -40,8 +40,10 @@ struct mw__dev {
  * one post: @max, or less where posting costs time per byte (rxe: the
  * send engine runs in the post), so that one post stays within half a
  * loop turn's posting budget; 64 KiB at least, and while the cost is
- * unknown.  mw__dev_post_cost() tells it what a post of @bytes took. */
+ * unknown.  mw__dev_post_cost() tells it what a post of @bytes took, for
+ * posts large enough to be worth timing (mw__dev_post_timed). */
 uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max);
+bool mw__dev_post_timed(uint64_t bytes);
 void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 
 /* mw__fork_protect() - make fork() safe for registered memory, once per

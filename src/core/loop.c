@@ -68,6 +68,13 @@ uint64_t mw__now_ns(void)
 
 /* --- the work budget of a loop turn -------------------------------------- */
 
+static uint64_t coarse_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* libevent caches the time once per turn, after polling: a new cached time
  * is a new turn, whose budget starts at its first piece of work.  Outside
  * the loop the time is read afresh on every call, so a caller posting from
@@ -75,7 +82,7 @@ uint64_t mw__now_ns(void)
 bool mw__turn_may(mw_ctx_t *ctx)
 {
     struct timeval tv;
-    uint64_t now = now_ns();
+    uint64_t now = coarse_ns();
     if (event_base_gettimeofday_cached(ctx->base, &tv) < 0)
         return true;
     if (tv.tv_sec != ctx->turn.tv_sec || tv.tv_usec != ctx->turn.tv_usec) {

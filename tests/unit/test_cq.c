@@ -1,6 +1,6 @@
 /* The completion engine against a fake CQ: events, drain, the re-arm race,
- * error and stray completions, batched acks, the per-turn budget; and the
- * operation table behind wr_ids. */
+ * error and stray completions, batched acks, the per-turn budget (in
+ * completions and in time); and the operation table behind wr_ids. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,12 +10,14 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include <event2/event.h>
 
 #include "core/cq.h"
+#include "core/ctx.h"
 #include "core/op.h"
 
 #define QCAP 4096
@@ -380,6 +382,63 @@ static void teardown_aborts_live_ops(void **state)
     assert_int_equal(aborted, 3);
 }
 
+/* --- the turn budget -------------------------------------------------------- */
+
+static double wall_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+struct turn_probe {
+    mw_ctx_t *ctx;
+    double ms;                    /* how long the turn worked */
+    int pieces;
+};
+
+/* A loop callback working in 0.25 ms pieces while the budget allows. */
+static void work_while_allowed(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct turn_probe *t = arg;
+    double t0 = wall_ms();
+    for (t->pieces = 0; t->pieces < 2000 && mw__turn_may(t->ctx); t->pieces++)
+        for (double end = wall_ms() + 0.25; wall_ms() < end;)
+            ;
+    t->ms = wall_ms() - t0;
+}
+
+/* The budget goes by the coarse clock (free to read, a tick's resolution):
+ * every turn stops within the budget plus a tick (plus slack for a busy
+ * machine's preemptions), works at least one piece, and on average about
+ * the budget -- never the 500 ms the pieces would take unbounded. */
+static void turn_budget_binds_by_the_coarse_clock(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    struct timespec res;
+    assert_int_equal(clock_getres(CLOCK_MONOTONIC_COARSE, &res), 0);
+    double tick_ms = res.tv_sec * 1e3 + res.tv_nsec / 1e6, sum = 0;
+    struct turn_probe t = {.ctx = ctx};
+    struct event *ev = evtimer_new(ctx->base, work_while_allowed, &t);
+    const struct timeval zero = {0, 0};
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(event_add(ev, &zero), 0);
+        assert_int_equal(event_base_loop(ctx->base, EVLOOP_ONCE), 0);
+        print_message("turn %d: %d pieces, %.2f ms (budget %.0f ms, tick %.1f ms)\n", i,
+                      t.pieces, t.ms, MW__TURN_NS / 1e6, tick_ms);
+        assert_true(t.pieces >= 1);
+        assert_true(t.ms < MW__TURN_NS / 1e6 + tick_ms + 20);
+        sum += t.ms;
+    }
+    assert_true(sum / 10 > MW__TURN_NS / 1e6 / 4);
+    event_free(ev);
+    mw_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +454,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(completions_per_event_grow_with_bursts, setup, teardown),
         cmocka_unit_test_setup_teardown(ops_table_grows_and_validates, setup, teardown),
         cmocka_unit_test(teardown_aborts_live_ops),
+        cmocka_unit_test(turn_budget_binds_by_the_coarse_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
