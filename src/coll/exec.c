@@ -2,11 +2,13 @@
  * schedule (coll/sched.h) step by step.  A step's data moves in chunks of at
  * most one scratch slot, by RDMA WRITE WITH IMMEDIATE into the peer's
  * scratch; the peer applies each chunk (copy or reduce into its result) and
- * acks it with a zero-length write with immediate, which frees the slot.
- * Acks are batched, one per half the slots taken: each costs a post and a
- * completion at both ends.
- * The immediate carries the collective's sequence number and a signature of
- * (kind, type, op, count, root, step): a rank running something else is
+ * acks it, which frees the slot.  An ack rides on the next chunk written
+ * the other way (up to 31 slots in a data immediate); where none goes, a
+ * zero-length write with immediate carries it once half the slots are
+ * taken.  Each such write costs a post and a completion at both ends: in
+ * recursive doubling and two-rank rings every ack rides.
+ * A data immediate carries the collective's sequence number and a signature
+ * of (kind, type, op, count, root, step): a rank running something else is
  * caught on its first chunk instead of corrupting anyone's data. */
 #include <errno.h>
 #include <stdarg.h>
@@ -28,6 +30,12 @@
 #define IMM_ACK (1u << 31)
 #define IMM_ABORT (1u << 30)
 #define IMM_LOW_MASK 0xffffffu  /* an ack's count, an abort's rank */
+/* A data immediate: bit 31 clear, the sequence number in bits 23..30,
+ * slots acked in passing in bits 18..22, the signature in bits 0..17. */
+#define IMM_RIDE_SHIFT 18
+#define IMM_RIDE_MAX 31u
+#define IMM_RIDE_MASK (IMM_RIDE_MAX << IMM_RIDE_SHIFT)
+#define IMM_SIG_MASK ((1u << IMM_RIDE_SHIFT) - 1)
 
 static uint32_t hash32(uint32_t h, uint64_t v)
 {
@@ -38,7 +46,7 @@ static uint32_t hash32(uint32_t h, uint64_t v)
 
 static uint32_t imm_of(const struct mw__run *k, int step)
 {
-    uint32_t sig = hash32(k->sig_base, (uint64_t)step) & 0x7fffffu;
+    uint32_t sig = hash32(k->sig_base, (uint64_t)step) & IMM_SIG_MASK;
     return (uint32_t)k->seq << 23 | sig;
 }
 
@@ -219,10 +227,12 @@ static bool post_sends(struct mw__run *k)
         size_t off = k->s_posted * k->chunk_elems;
         size_t n = st->send_len - off < k->chunk_elems ? st->send_len - off : k->chunk_elems;
         uint64_t slot = p->sent % k->comm->opts.slots;
+        unsigned ride = p->unacked < IMM_RIDE_MAX ? p->unacked : IMM_RIDE_MAX;
         struct chunk *ch = mw__malloc(sizeof *ch);
         mw_future_t *f = ch ? mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL,
                                            n * k->esz, &p->remote,
-                                           slot * k->comm->opts.slot_size, imm_of(k, k->step))
+                                           slot * k->comm->opts.slot_size,
+                                           imm_of(k, k->step) | ride << IMM_RIDE_SHIFT)
                             : NULL;
         if (!f || mw_future_error(f) == -ENOMEM) {
             /* Not the peer's doing: tell it too, as every rank (a failure
@@ -237,6 +247,7 @@ static bool post_sends(struct mw__run *k)
         }
         *ch = (struct chunk){.p = p, .k = k};
         mw__future_then_in(f, &ch->written, on_chunk_written, ch);
+        p->unacked -= ride;
         p->sent++;
         k->s_posted++;
         k->writes_out++;
@@ -447,7 +458,8 @@ void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
                        "rank %d overran its scratch slots", p->rank);
         return;
     } else {
-        p->imm[p->arrived++ % comm->opts.slots] = imm;
+        p->acked += (imm & IMM_RIDE_MASK) >> IMM_RIDE_SHIFT;
+        p->imm[p->arrived++ % comm->opts.slots] = imm & ~IMM_RIDE_MASK;
     }
     mw__coll_advance(comm);
 }

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "meshwire.h"
+#include "coll/comm.h"
 #include "coll/reduce.h"
 #include "coll_data.h"
 #include "rxe_util.h"
@@ -448,6 +449,49 @@ static void check_regcache(mw_ctx_t *ctx, mw_comm_t *comm)
     }
 }
 
+/* Every immediate a peer sends during small allreduces is a data chunk:
+ * the acks of its slots ride on the chunks going the other way (recursive
+ * doubling pairs ranks both ways), so no write goes for an ack alone -- a
+ * post and a completion at both ends each, and a wake-up. */
+static void check_acks_ride(mw_comm_t *comm)
+{
+    int err, n = mw_comm_size(comm), me = mw_comm_rank(comm);
+    struct mw__comm *c = mw__comm_of(comm, __func__, &err);
+    mw_conn_stats_t before[8], after[8];
+    CHECK(c && n <= 8, "communicator: %d", err);
+    if (!c || n > 8)
+        return;
+    float x[1024];
+    if (wait_ok(mw_barrier(comm), "barrier"))
+        failures++;
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            mw_conn_stats(c->peers[r].conn, &before[r]);
+    enum { OPS = 200 };
+    for (int i = 0; i < OPS; i++) {
+        for (size_t k = 0; k < 1024; k++)
+            x[k] = (float)(me + i);
+        if (wait_ok(mw_allreduce(comm, x, x, 1024, MW_F32, MW_SUM), "allreduce")) {
+            failures++;
+            return;
+        }
+        float want = (float)(n * (n - 1) / 2 + n * i);
+        CHECK(x[0] == want && x[1023] == want, "op %d: %g, want %g", i, x[0], want);
+    }
+    /* recursive doubling: one chunk from each partner, log2(n) of them */
+    uint64_t imms = 0, want = (uint64_t)OPS * (n == 4 ? 2 : 1);
+    for (int r = 0; r < n; r++) {
+        if (r == me)
+            continue;
+        mw_conn_stats(c->peers[r].conn, &after[r]);
+        imms += after[r].imms_received - before[r].imms_received;
+    }
+    fprintf(stderr, "rank %d: %d allreduces of 4 KiB, %llu immediates received (chunks: %llu)\n",
+            me, OPS, (unsigned long long)imms, (unsigned long long)want);
+    CHECK(imms == want, "rank %d: %llu immediates for %llu chunks: acks went alone", me,
+          (unsigned long long)imms, (unsigned long long)want);
+}
+
 static int run_rank(int rank, int nranks, int port, const char *mode)
 {
     failures = 0;                 /* rank 0 is this process, test after test */
@@ -541,6 +585,8 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_deadline(ctx, comm);
     } else if (!strcmp(mode, "regcache")) {
         check_regcache(ctx, comm);
+    } else if (!strcmp(mode, "acks")) {
+        check_acks_ride(comm);
     } else if (!strncmp(mode, "kill:", 5)) {
         check_killed_rank(ctx, comm, rank, nranks, mode + 5);
     } else if (!strcmp(mode, "newjob")) {
@@ -703,6 +749,8 @@ static void stale_listener_of_another_job(void **s)
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
 static void algo_mismatch_2(void **s) { (void)s; run_ranks(2, "algo"); }
 static void regcache_2(void **s) { (void)s; run_ranks(2, "regcache"); }
+static void acks_ride_2(void **s) { (void)s; run_ranks(2, "acks"); }
+static void acks_ride_4(void **s) { (void)s; run_ranks(4, "acks"); }
 /* MW_TEST_QUICK (the sanitizer run): allreduce and broadcast only */
 #define KILLED(kind)                                                                    \
     static void killed_in_##kind(void **s)                                              \
@@ -731,6 +779,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(mismatch_3), cmocka_unit_test(multiaddr_3),
         cmocka_unit_test(local_failure_2), cmocka_unit_test(deadline_2),
         cmocka_unit_test(algo_mismatch_2), cmocka_unit_test(regcache_2),
+        cmocka_unit_test(acks_ride_2), cmocka_unit_test(acks_ride_4),
         cmocka_unit_test(smallest_slots_2), cmocka_unit_test(stale_rank_of_another_job),
         cmocka_unit_test(stale_listener_of_another_job),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
