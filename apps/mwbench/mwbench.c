@@ -36,7 +36,8 @@
  *                                      ADDR, else it is one rank of a
  *                                      launcher's job (mw_comm_create_env);
  *                                      MW_ALLREDUCE_ALGO picks allreduce's
- *                                      algorithm
+ *                                      algorithm, MW_BENCH_SLOT_KIB and
+ *                                      MW_BENCH_SLOTS the scratch slots
  *   mwbench futures [N]               the future API alone, no RDMA: N futures
  *                                      made, given a callback, resolved and
  *                                      released (default 2,000,000), and the
@@ -87,6 +88,23 @@ static double cpu_user(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+}
+
+/* CPU seconds the whole machine was busy, every CPU and every process
+ * (/proc/stat: all but idle and iowait): rxe's work runs in softirqs and
+ * kernel threads too, charged to whoever the CPU interrupted. */
+static double machine_busy(void)
+{
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f || fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                     &v[3], &v[4], &v[5], &v[6], &v[7]) != 8) {
+        if (f)
+            fclose(f);
+        return 0;
+    }
+    fclose(f);
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static void die(const char *what, int rc, mw_future_t *f)
@@ -251,8 +269,8 @@ static int write_bw(const char *addr, int nsizes, char **sizes)
     struct wstate w = {.c = c, .src = src};
     if (mw_mem_export(accepted[0], dst, max, &w.r))
         die("export", -EFAULT, NULL);
-    printf("%-10s %8s %10s %10s %12s %10s %12s %13s\n", "bytes", "iters", "MiB/s", "cpu_s",
-           "cpu_s/GiB", "wc/event", "user_s/GiB", "max_stall_ms");
+    printf("%-10s %8s %10s %10s %12s %10s %12s %13s %14s\n", "bytes", "iters", "MiB/s", "cpu_s",
+           "cpu_s/GiB", "wc/event", "user_s/GiB", "max_stall_ms", "all_cpu_s/GiB");
     struct stall_probe probe = {.ctx = ctx};
     for (int i = 0; i < nsizes; i++) {
         w.size = strtoul(sizes[i], NULL, 0);
@@ -265,24 +283,25 @@ static int write_bw(const char *addr, int nsizes, char **sizes)
         mw_ctx_stats(ctx, &s0);
         w.left = iters;
         w.done = mw_future_new(ctx);
-        double t0 = now(), c0 = cpu(), u0 = cpu_user();
+        double t0 = now(), c0 = cpu(), u0 = cpu_user(), m0 = machine_busy();
         probe.on = true;
         probe.worst = 0;
         probe_arm(&probe);
         for (unsigned k = 0; k < window && w.left; k++)
             post_write(&w);
         mw_wait(w.done);
-        double t = now() - t0, cs = cpu() - c0, us = cpu_user() - u0;
+        double t = now() - t0, cs = cpu() - c0, us = cpu_user() - u0, ms = machine_busy() - m0;
         probe.on = false;
         while (probe.armed)
             run_for(ctx, 1);
         mw_ctx_stats(ctx, &s1);
         mw_future_unref(w.done);
         double bytes = (double)w.size * iters;
-        printf("%-10zu %8u %10.1f %10.3f %12.3f %10.1f %12.3f %13.1f%s\n", w.size, iters,
+        printf("%-10zu %8u %10.1f %10.3f %12.3f %10.1f %12.3f %13.1f %14.3f%s\n", w.size, iters,
                bytes / t / (1 << 20), cs, cs / (bytes / (1 << 30)),
                (double)(s1.completions - s0.completions) / (double)(s1.events - s0.events + !(s1.events - s0.events)),
-               us / (bytes / (1 << 30)), probe.worst * 1e3, w.failed ? "  FAILED" : "");
+               us / (bytes / (1 << 30)), probe.worst * 1e3, ms / (bytes / (1 << 30)),
+               w.failed ? "  FAILED" : "");
     }
     mw_free(ctx, src);
     mw_free(ctx, dst);
@@ -561,7 +580,13 @@ static int coll_rank(int op, int nsizes, char **sizes)
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
     double t0 = now();
-    mw_future_t *cf = mw_comm_create_env(ctx, NULL);
+    mw_comm_opts_t o;
+    mw_comm_opts_init(&o);
+    if (getenv("MW_BENCH_SLOT_KIB"))
+        o.slot_size = (unsigned)strtoul(getenv("MW_BENCH_SLOT_KIB"), NULL, 0) << 10;
+    if (getenv("MW_BENCH_SLOTS"))
+        o.slots = (unsigned)strtoul(getenv("MW_BENCH_SLOTS"), NULL, 0);
+    mw_future_t *cf = mw_comm_create_env(ctx, &o);
     if (mw_wait(cf))
         die("communicator", mw_future_error(cf), cf);
     double created = now() - t0;
@@ -570,9 +595,9 @@ static int coll_rank(int op, int nsizes, char **sizes)
     int rank = mw_comm_rank(comm), n = mw_comm_size(comm);
     const char *algo = op == 0 && getenv("MW_ALLREDUCE_ALGO") ? getenv("MW_ALLREDUCE_ALGO") : "mw";
     if (rank == 0)
-        printf("communicator %d ranks  create_s %.3f\n%-16s %-10s %6s %6s %8s %12s %12s %8s\n", n,
-               created, "op", "bytes", "ranks", "algo", "iters", "time_us", "algbw_MiB/s",
-               "cpu_s");
+        printf("communicator %d ranks  create_s %.3f\n%-16s %-10s %6s %6s %8s %12s %12s %8s %9s "
+               "%9s\n", n, created, "op", "bytes", "ranks", "algo", "iters", "time_us",
+               "algbw_MiB/s", "cpu_s", "busy_pct", "wake/op");
     int bad = 0;
     for (int i = 0; i < nsizes; i++) {
         size_t count = strtoul(sizes[i], NULL, 0) / sizeof(float);
@@ -587,15 +612,20 @@ static int coll_rank(int op, int nsizes, char **sizes)
         iters = iters < 5 ? 5 : iters > 500 ? 500 : iters;
         wait_or_die(coll_start(comm, op, in, out, count), coll_ops[op]);
         wait_or_die(mw_barrier(comm), "barrier");
-        double t1 = now(), c0 = cpu();
+        mw_ctx_stats_t s0, s1;
+        mw_ctx_stats(ctx, &s0);
+        double t1 = now(), c0 = cpu(), m0 = machine_busy();
         for (unsigned k = 0; k < iters; k++)
             wait_or_die(coll_start(comm, op, in, out, count), coll_ops[op]);
         double t = (now() - t1) / iters, cs = cpu() - c0;
+        double busy = (machine_busy() - m0) / (t * iters * (double)sysconf(_SC_NPROCESSORS_ONLN));
+        mw_ctx_stats(ctx, &s1);
         bad += coll_wrong(op, out, count, rank, n);
         wait_or_die(mw_barrier(comm), "barrier");
         if (rank == 0)
-            printf("%-16s %-10zu %6d %6s %8u %12.1f %12.1f %8.3f%s\n", coll_ops[op], bytes, n,
-                   algo, iters, t * 1e6, t > 0 ? bytes / t / (1 << 20) : 0, cs,
+            printf("%-16s %-10zu %6d %6s %8u %12.1f %12.1f %8.3f %9.1f %9.1f%s\n", coll_ops[op],
+                   bytes, n, algo, iters, t * 1e6, t > 0 ? bytes / t / (1 << 20) : 0, cs,
+                   busy * 100, (double)(s1.events - s0.events) / iters,
                    bad ? "  WRONG RESULT" : "");
         mw_free(ctx, in);
         mw_free(ctx, out);

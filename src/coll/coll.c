@@ -20,7 +20,13 @@
  * Measured with mwbench allreduce on rxe, f32, ranks as processes in one
  * VM: recursive doubling is 1.8x faster at 16 KiB with 4 ranks and 1.4x
  * with 3; at 64 KiB the two are within 10% (either way) for 2, 3 and 4
- * ranks; at 256 KiB the ring is 1.1-1.4x faster. */
+ * ranks; at 256 KiB the ring is 1.1-1.4x faster.  Direct (one step: the
+ * whole vector to each of the n-1 others, reduced locally) never won:
+ * 4 ranks at 4 / 16 / 64 KiB took 1245 / 2346 / 6565 us against recursive
+ * doubling's 844 / 1706 / 4823, 3 ranks 795 / 1508 / 4294 against 720 /
+ * 1368 / 4008 (2026-11-26, same run): with four processes on two CPUs a
+ * rank's cost is its wake-ups (one per chunk in, one per chunk out), and
+ * direct has n-1 of each where recursive doubling has log2(n). */
 #define ALLREDUCE_RD_BELOW (64u << 10)
 
 /* Every rank picks the same: the size is part of the signature, and the
