@@ -486,9 +486,12 @@ static void check_acks_ride(mw_comm_t *comm)
         mw_conn_stats(c->peers[r].conn, &after[r]);
         imms += after[r].imms_received - before[r].imms_received;
     }
+    /* a partner out of the barrier first may have sent its chunk of the
+     * first allreduce before the counts were read: one early each at most */
     fprintf(stderr, "rank %d: %d allreduces of 4 KiB, %llu immediates received (chunks: %llu)\n",
             me, OPS, (unsigned long long)imms, (unsigned long long)want);
-    CHECK(imms == want, "rank %d: %llu immediates for %llu chunks: acks went alone", me,
+    CHECK(imms <= want && imms + (uint64_t)(n - 1) >= want,
+          "rank %d: %llu immediates for %llu chunks: acks went alone", me,
           (unsigned long long)imms, (unsigned long long)want);
 }
 
