@@ -848,7 +848,9 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
  * Ranks may start in any order within opts->timeout_ms; refused attempts
  * while a peer starts are retried (they show in mw_ctx_stats as flushes),
  * and so are connections dropped before the peer's hello (a process of
- * another job still at that port: the deadline's message says so).
+ * another job still at that port: the deadline's message says so).  Every
+ * rank must run the same meshwire: a rank of a release whose collectives
+ * use another wire format is refused like a rank of another job.
  * Return: a future whose value is the mw_comm_t * (the caller's, free with
  * mw_comm_free); NULL only when out of memory.  It fails with -EINVAL for
  * a bad rank, count, entry or option (the message names it), -ETIMEDOUT naming the ranks still missing at

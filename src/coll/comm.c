@@ -21,7 +21,11 @@
 #include "core/future.h"
 #include "core/handle.h"
 
-#define HELLO_MAGIC 0x4d57434eu   /* "MWCN": with the job's identity */
+/* The hello names the collectives' wire format: "MWC2" since data
+ * immediates carry slot acks (exec.c); "MWCN" before.  Ranks of the two
+ * would misread each other's immediates, so one refuses the other. */
+#define HELLO_MAGIC 0x4d574332u   /* "MWC2" */
+#define HELLO_MAGIC_1 0x4d57434eu /* "MWCN": meshwire before 2026-11-26 */
 #define RETRY_MS 200
 
 struct hello {                    /* the first message each way */
@@ -216,6 +220,9 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
 {
     const struct hello *h = m->data;
     *ours = false;
+    if (m->len == sizeof *h && h->magic == HELLO_MAGIC_1)
+        return "a rank of an older meshwire (its collectives' wire format differs: run one "
+               "version on every rank)";
     if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
         return "not a communicator hello";
     if (h->job != comm->job)      /* a stale rank of an earlier run, another job */
@@ -627,7 +634,7 @@ static uint64_t fnv(uint64_t h, const char *s)
     return (h ^ 0xff) * 1099511628211ull;      /* a separator */
 }
 
-static uint64_t job_id(const mw_comm_opts_t *opts)
+uint64_t mw__comm_job_id(const mw_comm_opts_t *opts)
 {
     static const char *const launcher[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
                                            "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
@@ -714,7 +721,7 @@ mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks, const char *con
         return f;
     }
     comm->allreduce_algo = algo;
-    comm->job = job_id(opts);
+    comm->job = mw__comm_job_id(opts);
     comm->opts.job = NULL;        /* the caller's string: read, not kept */
     if (nranks == 1) {
         mw_future_resolve(f, handle_of(comm));

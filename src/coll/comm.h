@@ -77,6 +77,9 @@ static inline bool mw__comm_freed(const struct mw__comm *comm)
 {
     return !comm->h;
 }
+/* mw__comm_job_id() - the job a communicator created with @opts belongs to
+ * (opts->job, else MW_JOB, else the launcher's job id; hashed). */
+uint64_t mw__comm_job_id(const mw_comm_opts_t *opts);
 /* mw__comm_of() - the communicator behind a caller's handle, for public
  * call @fn, or NULL with *@err: -EINVAL (NULL, another kind), -ESTALE
  * (freed, or its creation failed), -EPERM (off the loop thread). */

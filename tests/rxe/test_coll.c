@@ -749,6 +749,73 @@ static void stale_listener_of_another_job(void **s)
     assert_int_equal(rc0, 0);
 }
 
+/* A rank of the previous wire format (hello "MWCN": its immediates carry
+ * no acks), of this very job, reaches rank 0 first: it is refused -- its
+ * connection closed, no hello back -- and the communicator forms with the
+ * current rank 1.  The hello below is that format's, byte for byte. */
+static int old_version_rank(int port)
+{
+    setenv("MW_JOB", "this run", 1);            /* run_rank's "newjob" */
+    struct {
+        uint32_t magic, rank, nranks, slots, slot_size, algo;
+        uint64_t job;
+        mw_remote_t scratch;
+    } hello = {.magic = 0x4d57434eu, .rank = 1, .nranks = 2, .slots = 4, .slot_size = 64 << 10,
+               .job = mw__comm_job_id(NULL), .scratch = {.len = 4 * (64 << 10)}};
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        return 2;
+    char target[96];
+    snprintf(target, sizeof target, "%s:%d", addrs[1], port);
+    mw_future_t *cf = NULL;
+    for (int i = 0; i < 100; i++) {             /* until rank 0 listens */
+        mw_future_unref(cf);
+        cf = mw_connect(ctx, target, NULL);
+        if (mw_wait(cf) != -ECONNREFUSED)
+            break;
+        usleep(50 * 1000);
+    }
+    int rc = mw_future_error(cf) ? 3 : 0;
+    if (!rc) {
+        mw_conn_t *c = mw_future_value(cf);
+        mw_future_t *r = mw_recv(c);
+        mw_future_set_timeout(r, 10000);
+        wait_ok(mw_send(c, &hello, sizeof hello), "old hello");
+        int got = mw_wait(r);
+        fprintf(stderr, "old-version rank: %s\n", got ? mw_future_message(r) : "ANSWERED");
+        rc = got == 0 || got == -ETIMEDOUT ? 1 : 0;   /* answered, or left hanging */
+        mw_future_unref(r);
+        mw_conn_abort(c);
+    }
+    mw_future_unref(cf);
+    mw_ctx_free(ctx);
+    return rc;
+}
+
+static void older_version_rank_refused(void **s)
+{
+    (void)s;
+    int port = 20000 + (getpid() * 7 + 1493) % 20000;
+    char a[3][16];
+    snprintf(a[0], 16, "%d", port);
+    char *old_argv[] = {self_path, "oldrank", a[0], NULL};
+    snprintf(a[1], 16, "%d", port);
+    char *new_argv[] = {self_path, "rank", "1", "2", a[1], "newjob", NULL};
+    pid_t old, fresh;
+    assert_int_equal(posix_spawn(&old, self_path, NULL, NULL, old_argv, environ), 0);
+    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
+    int rc0 = run_rank(0, 2, port, "newjob");
+    int st_old, st_fresh;
+    waitpid(fresh, &st_fresh, 0);
+    waitpid(old, &st_old, 0);
+    printf("older-version rank: %s; rank 0 %s, rank 1 %s\n",
+           WIFEXITED(st_old) && !WEXITSTATUS(st_old) ? "refused" : "NOT REFUSED",
+           rc0 ? "FAILED" : "ok", WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED");
+    assert_true(WIFEXITED(st_old) && WEXITSTATUS(st_old) == 0);
+    assert_int_equal(rc0, 0);
+    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
+}
+
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
 static void algo_mismatch_2(void **s) { (void)s; run_ranks(2, "algo"); }
 static void regcache_2(void **s) { (void)s; run_ranks(2, "regcache"); }
@@ -774,6 +841,8 @@ int main(int argc, char **argv)
         return 1;
     if (argc == 6 && !strcmp(argv[1], "rank"))
         return run_rank(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5]);
+    if (argc == 3 && !strcmp(argv[1], "oldrank"))
+        return old_version_rank(atoi(argv[2]));
     if (getenv("MW_TEST_FILTER"))
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
@@ -785,6 +854,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(acks_ride_2), cmocka_unit_test(acks_ride_4),
         cmocka_unit_test(smallest_slots_2), cmocka_unit_test(stale_rank_of_another_job),
         cmocka_unit_test(stale_listener_of_another_job),
+        cmocka_unit_test(older_version_rank_refused),
         cmocka_unit_test(killed_in_allreduce), cmocka_unit_test(killed_in_reduce_scatter),
         cmocka_unit_test(killed_in_allgather), cmocka_unit_test(killed_in_broadcast),
         cmocka_unit_test(killed_in_reduce), cmocka_unit_test(killed_in_gather),
