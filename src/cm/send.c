@@ -105,12 +105,15 @@ int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *defe
  * peer, is one credit owed back: below the threshold, so the two sides
  * never ping-pong credit messages.  A side that waits for credits itself
  * returns even a few: the peer may have used its own reserve to give
- * some, and needs this to give more. */
+ * some, and needs this to give more.  A few is two at least: a credit-only
+ * fragment carrying one credit gives the peer no more than its own slot
+ * costs, and two sides both waiting passed such fragments back and forth
+ * for ever (seen: 8 circling, neither side with two credits for data). */
 int mw__msg_return_credits(struct mw__conn *c)
 {
     bool many = c->credits_owed >= (c->opts.credits + 1) / 2;
-    if (!c->credits_owed || (!many && !c->credit_wait_since) || !c->send_credits ||
-        !c->nfree_send)
+    bool few = c->credit_wait_since && c->credits_owed >= 2;
+    if (!c->credits_owed || (!many && !few) || !c->send_credits || !c->nfree_send)
         return 0;
     struct mw__frag fr = {.type = MW__FRAG_CREDIT};
     return post_frag(c, NULL, &fr) == 0;
