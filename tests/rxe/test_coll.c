@@ -692,6 +692,31 @@ static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }
 static void local_failure_2(void **s) { (void)s; run_ranks(2, "localfail"); }
 static void smallest_slots_2(void **s) { (void)s; run_ranks(2, "smallslots"); }
 
+/* An intruder at rank 0's port, then the new job's rank 1 after @head_start
+ * us: rank 0 refuses the intruder (which exits 0 when it saw itself
+ * refused) and forms the communicator with the real rank 1. */
+static void intruder_refused(char *const intruder_argv[], useconds_t head_start, int port,
+                             const char *what)
+{
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    char *new_argv[] = {self_path, "rank", "1", "2", p, "newjob", NULL};
+    pid_t intruder, fresh;
+    assert_int_equal(posix_spawn(&intruder, self_path, NULL, NULL, intruder_argv, environ), 0);
+    usleep(head_start);
+    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
+    int rc0 = run_rank(0, 2, port, "newjob");
+    int st_intruder, st_fresh;
+    waitpid(fresh, &st_fresh, 0);
+    waitpid(intruder, &st_intruder, 0);
+    printf("%s: rank 0 %s, new rank 1 %s, intruder %s\n", what, rc0 ? "FAILED" : "ok",
+           WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED",
+           WIFEXITED(st_intruder) && !WEXITSTATUS(st_intruder) ? "refused" : "NOT REFUSED");
+    assert_int_equal(rc0, 0);
+    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
+    assert_true(WIFEXITED(st_intruder) && WEXITSTATUS(st_intruder) == 0);
+}
+
 /* A rank 1 left over from an earlier run (another MW_JOB) keeps retrying
  * rank 0's port while the new job starts there: rank 0 refuses it and
  * forms the communicator with the new rank 1; the stale one fails. */
@@ -699,26 +724,10 @@ static void stale_rank_of_another_job(void **s)
 {
     (void)s;
     int port = 20000 + (getpid() * 7 + 977) % 20000;
-    char a[3][16];
-    snprintf(a[0], 16, "1");
-    snprintf(a[1], 16, "2");
-    snprintf(a[2], 16, "%d", port);
-    char *stale_argv[] = {self_path, "rank", a[0], a[1], a[2], "stale", NULL};
-    char *new_argv[] = {self_path, "rank", a[0], a[1], a[2], "newjob", NULL};
-    pid_t stale, fresh;
-    assert_int_equal(posix_spawn(&stale, self_path, NULL, NULL, stale_argv, environ), 0);
-    usleep(500 * 1000);                       /* it is retrying by now */
-    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
-    int rc0 = run_rank(0, 2, port, "newjob");
-    int st_stale, st_fresh;
-    waitpid(fresh, &st_fresh, 0);
-    waitpid(stale, &st_stale, 0);
-    printf("stale rank of another job: rank 0 %s, new rank 1 %s, stale rank 1 %s\n",
-           rc0 ? "FAILED" : "ok", WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED",
-           WIFEXITED(st_stale) && !WEXITSTATUS(st_stale) ? "refused" : "NOT REFUSED");
-    assert_int_equal(rc0, 0);
-    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
-    assert_true(WIFEXITED(st_stale) && WEXITSTATUS(st_stale) == 0);
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    char *stale_argv[] = {self_path, "rank", "1", "2", p, "stale", NULL};
+    intruder_refused(stale_argv, 500 * 1000, port, "stale rank of another job");  /* retrying by then */
 }
 
 /* The reverse: a rank 0 left over from an earlier job still listens at
@@ -796,24 +805,10 @@ static void older_version_rank_refused(void **s)
 {
     (void)s;
     int port = 20000 + (getpid() * 7 + 1493) % 20000;
-    char a[3][16];
-    snprintf(a[0], 16, "%d", port);
-    char *old_argv[] = {self_path, "oldrank", a[0], NULL};
-    snprintf(a[1], 16, "%d", port);
-    char *new_argv[] = {self_path, "rank", "1", "2", a[1], "newjob", NULL};
-    pid_t old, fresh;
-    assert_int_equal(posix_spawn(&old, self_path, NULL, NULL, old_argv, environ), 0);
-    assert_int_equal(posix_spawn(&fresh, self_path, NULL, NULL, new_argv, environ), 0);
-    int rc0 = run_rank(0, 2, port, "newjob");
-    int st_old, st_fresh;
-    waitpid(fresh, &st_fresh, 0);
-    waitpid(old, &st_old, 0);
-    printf("older-version rank: %s; rank 0 %s, rank 1 %s\n",
-           WIFEXITED(st_old) && !WEXITSTATUS(st_old) ? "refused" : "NOT REFUSED",
-           rc0 ? "FAILED" : "ok", WIFEXITED(st_fresh) && !WEXITSTATUS(st_fresh) ? "ok" : "FAILED");
-    assert_true(WIFEXITED(st_old) && WEXITSTATUS(st_old) == 0);
-    assert_int_equal(rc0, 0);
-    assert_true(WIFEXITED(st_fresh) && WEXITSTATUS(st_fresh) == 0);
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    char *old_argv[] = {self_path, "oldrank", p, NULL};
+    intruder_refused(old_argv, 0, port, "rank of an older meshwire");
 }
 
 static void deadline_2(void **s) { (void)s; run_ranks(2, "deadline"); }
