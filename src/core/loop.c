@@ -49,11 +49,16 @@ struct mw__loop {
     pthread_t owner;              /* the thread that runs the loop */
 };
 
-static uint64_t now_ns(void)
+static uint64_t clock_ns(clockid_t clock)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock, &t);
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static uint64_t now_ns(void)
+{
+    return clock_ns(CLOCK_MONOTONIC);
 }
 
 uint64_t mw__now_ms(void)
@@ -68,13 +73,6 @@ uint64_t mw__now_ns(void)
 
 /* --- the work budget of a loop turn -------------------------------------- */
 
-static uint64_t coarse_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 /* libevent caches the time once per turn, after polling: a new cached time
  * is a new turn, whose budget starts at its first piece of work.  Outside
  * the loop the time is read afresh on every call, so a caller posting from
@@ -82,7 +80,7 @@ static uint64_t coarse_ns(void)
 bool mw__turn_may(mw_ctx_t *ctx)
 {
     struct timeval tv;
-    uint64_t now = coarse_ns();
+    uint64_t now = clock_ns(CLOCK_MONOTONIC_COARSE);
     if (event_base_gettimeofday_cached(ctx->base, &tv) < 0)
         return true;
     if (tv.tv_sec != ctx->turn.tv_sec || tv.tv_usec != ctx->turn.tv_usec) {
