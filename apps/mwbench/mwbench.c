@@ -374,6 +374,23 @@ static int connect_bench(const char *addr, int n, int idle_s)
     return 0;
 }
 
+/* The descriptor of the peer's exported memory, its next message (within
+ * 10 s, and exactly a descriptor's size). */
+static void recv_remote(mw_conn_t *c, mw_remote_t *out)
+{
+    mw_future_t *f = mw_recv(c);
+    mw_future_set_timeout(f, 10000);
+    int rc = mw_wait(f);
+    if (rc)
+        die("descriptor", rc, f);
+    mw_msg_t *m = mw_future_value(f);
+    if (m->len != sizeof *out)
+        die("descriptor", -EPROTO, NULL);
+    memcpy(out, m->data, sizeof *out);
+    mw_msg_free(m);
+    mw_future_unref(f);
+}
+
 /* --- latency: send and write-with-immediate ping-pong ---------------------- */
 
 #define LAT_MAX (64u << 10)
@@ -403,14 +420,8 @@ static void swap_remotes(mw_ctx_t *ctx, struct echo *e)
     mw_remote_t mine;
     if (mw_mem_export(e->c, e->buf, LAT_MAX, &mine))
         die("export", -EFAULT, NULL);
-    mw_future_t *r = mw_recv(e->c);
     wait_or_die(mw_send(e->c, &mine, sizeof mine), "send");
-    if (mw_wait(r))
-        die("recv", mw_future_error(r), r);
-    mw_msg_t *m = mw_future_value(r);
-    memcpy(&e->peer, m->data, sizeof e->peer);
-    mw_msg_free(m);
-    mw_future_unref(r);
+    recv_remote(e->c, &e->peer);
     mw_conn_on_imm(e->c, echo_imm, e);
 }
 
@@ -1082,17 +1093,7 @@ static mw_conn_t *rails_connect(mw_ctx_t *ctx, const char *addr, int port, mw_re
         if (mw_wait(f) == 0) {
             mw_conn_t *c = mw_future_value(f);
             mw_future_unref(f);
-            mw_future_t *m = mw_recv(c);
-            mw_future_set_timeout(m, 10000);
-            int rc = mw_wait(m);
-            if (rc)
-                die("descriptor", rc, m);
-            mw_msg_t *msg = mw_future_value(m);
-            if (msg->len != sizeof *r)
-                die("descriptor", -EPROTO, NULL);
-            memcpy(r, msg->data, sizeof *r);
-            mw_msg_free(msg);
-            mw_future_unref(m);
+            recv_remote(c, r);
             return c;
         }
         mw_future_unref(f);
