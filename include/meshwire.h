@@ -412,7 +412,11 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * the peer disconnects, when it stops answering while anything waits on it
  * (keepalive_ms), when the device reports its queue pair broken or its
  * port down, or when the device goes away; the future's message says
- * which.
+ * which.  A peer that goes silent with work in flight to it (its host or
+ * link gone) is noticed when the device's resends run out, after about
+ * (retry_count + 1) x ack_timeout_us (130 ms with the defaults); with only
+ * a receive waiting, after keepalive_ms and that.  Lost and reordered
+ * packets are resent by the device and cost time, never data.
  *
  * For each peer address the local address whose subnet contains
  * it (longest prefix) is chosen as the source, so in a direct-connect mesh each peer is reached
@@ -468,6 +472,34 @@ typedef struct mw_conn_opts {
                                    what credits already allowed in
                                    (credits x slot_size), plus one message
                                    being received.  Default 1 GiB, >= 1 */
+    unsigned ack_timeout_us;  /**< how long the device waits for the peer's
+                                   acknowledgement before it resends (RC's
+                                   local ACK timeout), rounded up to the
+                                   device's steps, 4.096 us x 2^n.  A lost
+                                   packet that nothing follows (the end of
+                                   a burst, or the peer's NAK lost) costs
+                                   this much before the resend; a loss
+                                   within a burst is resent as soon as the
+                                   peer's NAK comes back.  Too short for
+                                   the path's round trip under load and
+                                   packets are sent twice.  Default 16 ms
+                                   (for a data-centre fabric, round trips
+                                   well under a millisecond); 0: what
+                                   rdma_cm derives from the path (on RoCE
+                                   1-2 s) */
+    unsigned retry_count;     /**< resends of an unacknowledged packet
+                                   before the connection fails, 0..7; a peer
+                                   that vanishes while work is in flight is
+                                   noticed after about (retry_count + 1) x
+                                   ack_timeout_us.  The connecting side's
+                                   value applies to both ends (rdma_cm
+                                   carries it in the request).  Default 7 */
+    unsigned rnr_retry;       /**< resends when the peer has no receive
+                                   posted, 0..6 (7, for ever, is refused:
+                                   a peer that stops posting would hang the
+                                   sender).  Credits make this rare; each
+                                   wait is the peer's RNR timer (rdma_cm's
+                                   default, 0.01-655 ms).  Default 6 */
     unsigned max_accepting;   /**< listeners: connections being set up at
                                    once (each holds a queue pair and its
                                    slots until established, failed or
@@ -775,6 +807,9 @@ typedef struct mw_conn_stats {
     uint64_t credit_waits;    /**< times a send waited for the peer's credits */
     uint64_t inbox_bytes;     /**< received messages not yet asked for */
     uint64_t peer_max_msg;    /**< the largest message the peer accepts */
+    uint64_t ack_timeout_us;  /**< what the queue pair runs (queried from the
+                                   device): the ACK timeout, 0 = none */
+    unsigned retry_count, rnr_retry;   /**< and its retry counts */
 } mw_conn_stats_t;
 MW_EXTERN int mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 

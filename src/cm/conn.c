@@ -37,6 +37,9 @@ const char *mw__conn_state_str(enum mw__conn_state s)
     return (unsigned)s < sizeof state_names / sizeof *state_names ? state_names[s] : "?";
 }
 
+/* RC's ACK timeout by default: see mw_conn_opts_t.ack_timeout_us. */
+#define MW__ACK_TIMEOUT_US 16000
+
 void mw_conn_opts_init(mw_conn_opts_t *o)
 {
     *o = (mw_conn_opts_t){
@@ -50,7 +53,25 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
         .max_msg_size = 256u << 20,
         .max_inbox_bytes = 1u << 30,
         .max_accepting = 64,
+        .ack_timeout_us = MW__ACK_TIMEOUT_US,
+        .retry_count = 7,
+        .rnr_retry = 6,
     };
+}
+
+/* The IB encoding of an ACK timeout: the least n in 1..31 with 4.096 us x
+ * 2^n >= @us (0 would mean "wait for ever"). */
+static uint8_t ack_timeout_exp(unsigned us)
+{
+    uint8_t n = 1;
+    while (n < 31 && (4096ull << n) < us * 1000ull)
+        n++;
+    return n;
+}
+
+static uint64_t ack_timeout_exp_us(uint8_t n)
+{
+    return n ? ((4096ull << n) + 999) / 1000 : 0;
 }
 
 int mw__conn_opts_check(const mw_conn_opts_t *o)
@@ -59,7 +80,8 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
         o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
         o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
-        o->max_accepting < 1 || o->max_accepting > 65536)
+        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 7 ||
+        o->rnr_retry > 6)
         return -EINVAL;
     return 0;
 }
@@ -201,6 +223,14 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     c->max_msg = pa.max_msg_sz;
     if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
+    uint8_t t = ack_timeout_exp(c->opts.ack_timeout_us);
+    if (c->opts.ack_timeout_us &&
+        rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) < 0) {
+        rc = -errno;
+        snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->dev->name,
+                 mw_strerror(rc));
+        return rc;
+    }
     if ((rc = mw__msg_post_recvs(c)) < 0)
         snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
                  c->opts.credits, c->opts.slot_size, c->dev->name, mw_strerror(rc));
@@ -219,9 +249,8 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
 }
 
 /* Connection parameters carrying our handshake in @pd (kept by the caller
- * until rdma_connect/rdma_accept returns).  Retries are finite: rnr_retry 7
- * would mean forever (credits should make RNR impossible; if it happens,
- * fail rather than hang).  Read depths: ours, within what the device
+ * until rdma_connect/rdma_accept returns).  Retries are finite (the
+ * options refuse rnr_retry 7, for ever).  Read depths: ours, within what the device
  * allows; accepting, also within what the peer asked for and serves. */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {
@@ -241,7 +270,8 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct 
                                         passive ? c->peer_rd_depth : MAX_RD_ATOMS),
         .initiator_depth = rd_atoms(c->dev->attr.max_qp_init_rd_atom,
                                     passive ? c->peer_rd_resources : MAX_RD_ATOMS),
-        .retry_count = 7, .rnr_retry_count = 6,
+        .retry_count = (uint8_t)c->opts.retry_count,
+        .rnr_retry_count = (uint8_t)c->opts.rnr_retry,
     };
 }
 
@@ -309,6 +339,20 @@ static int alloc_send_slots(struct mw__conn *c)
  * why; the handshake cannot ask for it: the connecting side's depth comes
  * from the peer's answer), else as negotiated (more would only wait in the
  * device). */
+/* What the queue pair really runs, for mw_conn_stats: on the passive side
+ * the retry count is the connecting side's, and 0 ACK timeout leaves it to
+ * rdma_cm. */
+static void query_retries(struct mw__conn *c)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    if (ibv_query_qp(c->id->qp, &a, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &ia))
+        return;
+    c->stats.ack_timeout_us = ack_timeout_exp_us(a.timeout);
+    c->stats.retry_count = a.retry_cnt;
+    c->stats.rnr_retry = a.rnr_retry;
+}
+
 static unsigned reads_in_flight(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
@@ -324,6 +368,7 @@ void mw__conn_established(struct mw__conn *c)
 {
     mw__conn_disarm_timer(c);
     c->max_reads = reads_in_flight(c);
+    query_retries(c);
     int rc = alloc_send_slots(c);
     if (rc < 0) {
         mw__conn_fail(c, rc, "no memory for send slots");
@@ -332,8 +377,9 @@ void mw__conn_established(struct mw__conn *c)
     mw__conn_set_state(c, MW__CONN_ESTABLISHED);
     mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s (credits %u, fragment %u bytes, "
-           "%u reads in flight)", c->stats.local, c->stats.remote, c->stats.device, c->nsend,
-           c->max_frag, c->max_reads);
+           "%u reads in flight, ACK timeout %llu us, retries %u)", c->stats.local,
+           c->stats.remote, c->stats.device, c->nsend, c->max_frag, c->max_reads,
+           (unsigned long long)c->stats.ack_timeout_us, c->stats.retry_count);
     mw__conn_pump(c);
 }
 

@@ -43,8 +43,11 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
         o = *opts;
     else
         mw_conn_opts_init(&o);
+    int rc = mw__conn_opts_check(&o);
+    if (rc < 0)
+        return rc;
     struct sockaddr_storage sa;
-    int rc = parse_listen_addr(addr, (uint16_t)o.default_port, &sa);
+    rc = parse_listen_addr(addr, (uint16_t)o.default_port, &sa);
     if (rc < 0)
         return rc;
     struct mw__cm *cm = mw__cm_get(ctx, &rc);

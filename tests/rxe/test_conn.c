@@ -632,6 +632,68 @@ static void waiting_receive_survives_keepalive_probes(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- retransmission options ---------------------------------------------- */
+
+static mw_conn_stats_t stats_of(mw_conn_t *c)
+{
+    mw_conn_stats_t st;
+    assert_int_equal(mw_conn_stats(c, &st), 0);
+    return st;
+}
+
+/* What each end's queue pair runs, as the device reports it: the ACK
+ * timeout is each end's own (0: rdma_cm's, from the path); the retry count
+ * the connecting end's (rdma_cm carries it in the request); the RNR retry
+ * count the other end's. */
+static void retry_options_reach_the_queue_pairs(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_conn_opts_t so, co;
+    mw_conn_opts_init(&so);
+    mw_conn_opts_init(&co);
+    so.ack_timeout_us = 0, so.retry_count = 2, so.rnr_retry = 3;
+    co.ack_timeout_us = 2000, co.retry_count = 4, co.rnr_retry = 5;
+    struct rxe_server s;
+    rxe_server_start(&s, ctx, "*", &so);
+    mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, &co);
+    rxe_wait_accepted(&s, 1);
+    mw_conn_stats_t cs = stats_of(c), ss = stats_of(s.conns[0]);
+    printf("connecting end: ACK timeout %llu us, retries %u, RNR %u; accepting end: %llu us, "
+           "%u, %u\n", (unsigned long long)cs.ack_timeout_us, cs.retry_count, cs.rnr_retry,
+           (unsigned long long)ss.ack_timeout_us, ss.retry_count, ss.rnr_retry);
+    assert_int_equal(cs.ack_timeout_us, 2098);          /* 4.096 us x 2^9, rounded up */
+    assert_true(ss.ack_timeout_us > 100000);            /* rdma_cm's: from the path */
+    assert_int_equal(cs.retry_count, 4);
+    assert_int_equal(ss.retry_count, 4);
+    assert_int_equal(cs.rnr_retry, 3);
+    assert_int_equal(ss.rnr_retry, 5);
+    int v = 7;                                          /* and the connection works */
+    mw_future_t *r = mw_recv(s.conns[0]), *f = mw_send(c, &v, sizeof v);
+    assert_int_equal(mw_wait(r), 0);
+    assert_int_equal(mw_wait(f), 0);
+    mw_msg_free(mw_future_value(r));
+    mw_future_unref(r);
+    mw_future_unref(f);
+    rxe_close_conn(c);
+    rxe_server_close(&s);
+
+    rxe_server_start(&s, ctx, "*", NULL);               /* the defaults, both ends */
+    c = rxe_connect(ctx, addrs[1], s.port, NULL);
+    rxe_wait_accepted(&s, 1);
+    cs = stats_of(c), ss = stats_of(s.conns[0]);
+    assert_int_equal(cs.ack_timeout_us, 16778);         /* 4.096 us x 2^12 */
+    assert_int_equal(ss.ack_timeout_us, 16778);
+    assert_int_equal(cs.retry_count, 7);
+    assert_int_equal(ss.retry_count, 7);
+    assert_int_equal(cs.rnr_retry, 6);
+    assert_int_equal(ss.rnr_retry, 6);
+    rxe_close_conn(c);
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
 /* --- a foreign client ---------------------------------------------------- */
 
 /* Child mode: a raw rdma_cm client offering @pd as its handshake; exits 0
@@ -813,6 +875,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(use_after_close_is_refused, pair_setup, pair_teardown),
         cmocka_unit_test(waiting_receive_survives_keepalive_probes),
+        cmocka_unit_test(retry_options_reach_the_queue_pairs),
         cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
     };

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <cmocka.h>
@@ -151,6 +152,51 @@ static void bad_values(void **state)
         assert_int_equal(mw_comm_size(comm), 1);
         mw_comm_free(comm);
     }
+    mw_ctx_free(ctx);
+}
+
+static void on_accept_nothing(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l, (void)arg;
+    mw_conn_abort(c);
+}
+
+/* Connection options out of range are refused by mw_listen at once and
+ * fail mw_connect's future, before any device is touched; the edges pass
+ * the check (and then fail on this host for want of a device, not -EINVAL). */
+static void conn_options_checked(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    struct { unsigned retry, rnr, credits; int err; } cases[] = {
+        {8, 6, 16, -EINVAL},            /* retry_count beyond 3 bits */
+        {7, 7, 16, -EINVAL},            /* rnr_retry 7 would retry for ever */
+        {7, 6, 1, -EINVAL},
+        {0, 0, 16, 0}, {7, 6, 16, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mw_conn_opts_t o;
+        mw_conn_opts_init(&o);
+        o.retry_count = cases[i].retry;
+        o.rnr_retry = cases[i].rnr;
+        o.credits = cases[i].credits;
+        o.ack_timeout_us = i == 3 ? 0 : UINT_MAX;        /* rdma_cm's; the largest */
+        mw_listener_t *l = NULL;
+        int rc = mw_listen(ctx, "*:0", &o, on_accept_nothing, NULL, &l);
+        mw_future_t *f = mw_connect(ctx, "localhost:1", &o);
+        int frc = mw_wait(f);
+        if (cases[i].err ? rc != -EINVAL || frc != -EINVAL : rc == -EINVAL || frc == -EINVAL)
+            fail_msg("case %zu: listen %d, connect %d (%s)", i, rc, frc, mw_future_message(f));
+        mw_future_unref(f);
+        if (!rc)
+            mw_listener_free(l);
+    }
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    assert_int_equal(o.ack_timeout_us, 16000);          /* the documented defaults */
+    assert_int_equal(o.retry_count, 7);
+    assert_int_equal(o.rnr_retry, 6);
     mw_ctx_free(ctx);
 }
 
@@ -359,6 +405,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(null_handles),
         cmocka_unit_test(bad_values),
+        cmocka_unit_test(conn_options_checked),
         cmocka_unit_test(comm_options_checked),
         cmocka_unit_test(block_of),
         cmocka_unit_test(names_and_errors),
