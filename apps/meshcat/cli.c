@@ -21,7 +21,7 @@
 
 enum opt_id {
     O_LISTEN, O_TO, O_PORT, O_OUTPUT, O_FORCE, O_QUIET, O_VERBOSE, O_PROGRESS,
-    O_TIMEOUT, O_CHUNK, O_WINDOW, O_HELP, O_VERSION,
+    O_TIMEOUT, O_CHUNK, O_WINDOW, O_ACK_TIMEOUT, O_HELP, O_VERSION,
 };
 
 enum opt_arg { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL };
@@ -45,6 +45,7 @@ static const struct opt_def opt_defs[] = {
     {"timeout", 't', O_TIMEOUT, ARG_REQUIRED},
     {"chunk", 0, O_CHUNK, ARG_REQUIRED},
     {"window", 0, O_WINDOW, ARG_REQUIRED},
+    {"ack-timeout", 0, O_ACK_TIMEOUT, ARG_REQUIRED},
     {"help", 'h', O_HELP, ARG_NONE},
     {"version", 'V', O_VERSION, ARG_NONE},
 };
@@ -264,6 +265,19 @@ static enum mc_parse_result opt_window(struct state *s, const char *val)
     return MC_PARSE_OK;
 }
 
+static enum mc_parse_result opt_ack_timeout(struct state *s, const char *val)
+{
+    char *end;
+    double v = strtod(val, &end);
+
+    if (end == val || *end || !isfinite(v) || v < 0 || v > 4e6)
+        return fail(s, "bad ACK timeout '%s' (milliseconds, 0..4000000; 0: rdma_cm's)", val);
+    s->a->ack_timeout_us = (int64_t)(v * 1000 + 0.5);
+    if (v > 0 && s->a->ack_timeout_us == 0)
+        s->a->ack_timeout_us = 1;
+    return MC_PARSE_OK;
+}
+
 static enum mc_parse_result opt_to(struct state *s, const char *val)
 {
     if (s->nto_lists == MC_MAX_TO)
@@ -296,6 +310,8 @@ static enum mc_parse_result apply_value(struct state *s, enum opt_id id, const c
         return opt_chunk(s, val);
     case O_WINDOW:
         return opt_window(s, val);
+    case O_ACK_TIMEOUT:
+        return opt_ack_timeout(s, val);
     default:
         return fail(s, "internal error: option %d given a value", (int)id);
     }
@@ -610,6 +626,7 @@ static void set_defaults(struct mc_args *a)
     a->timeout_s = MC_DEFAULT_TIMEOUT_S;
     a->chunk = MC_DEFAULT_CHUNK;
     a->window = MC_DEFAULT_WINDOW;
+    a->ack_timeout_us = -1;
 }
 
 enum mc_parse_result mc_parse_args(int argc, char **argv, struct mc_args *a, char *err,
@@ -681,6 +698,9 @@ static const char *const usage_text[] = {
     "      --chunk SIZE        bytes per RDMA chunk; K and M suffixes mean",
     "                          KiB and MiB; 4K..64M (default 1M)",
     "      --window N          chunks in flight, 1..64 (default 8)",
+    "      --ack-timeout MS    how long the NIC waits for an acknowledgement",
+    "                          before resending, decimals allowed (default:",
+    "                          meshwire's, 16; 0: rdma_cm's, 1000-2000 on RoCE)",
     "  -q, --quiet             no progress line, errors only",
     "  -P, --progress          show the progress line even when standard error",
     "                          is not a terminal (default: only on a terminal)",

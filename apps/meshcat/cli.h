@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define MC_DEFAULT_PORT 7471
@@ -52,6 +53,7 @@ struct mc_args {
     double timeout_s;               /* > 0, finite */
     size_t chunk;                   /* MC_CHUNK_MIN..MC_CHUNK_MAX */
     unsigned window;                /* 1..MC_WINDOW_MAX */
+    int64_t ack_timeout_us;         /* --ack-timeout; -1: meshwire's default */
     char **files;                   /* MC_SEND: argv's FILE arguments, in order;
                                        NULL when nfiles is 0 (send stdin) */
     int nfiles;

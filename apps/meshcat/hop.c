@@ -116,15 +116,14 @@ static void pause_ms(mw_ctx_t *ctx, unsigned ms)
 
 /* A refused connection is retried until the deadline: the receiver may be
  * starting at the same moment (as in scripts). */
-int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, const char *name, unsigned timeout_ms)
+int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, const char *name,
+                   const mw_conn_opts_t *o)
 {
     mw_ctx_t *ctx = k->ctx;
-    mw_conn_opts_t o;
-    mw_conn_opts_init(&o);
-    o.timeout_ms = timeout_ms;
+    unsigned timeout_ms = o->timeout_ms;
     double deadline = mc_now() + timeout_ms / 1000.0;
     for (;;) {
-        mw_future_t *f = mw_connect(ctx, name, &o);
+        mw_future_t *f = mw_connect(ctx, name, o);
         if (!f)
             return -ENOMEM;
         mw_future_set_timeout(f, timeout_ms + 1000);

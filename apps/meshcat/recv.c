@@ -341,7 +341,9 @@ static int accept_one(struct receiver *x)
     char addr[300];
     snprintf(addr, sizeof addr, strchr(a->listen.host, ':') ? "[%s]:%d" : "%s:%d",
              a->listen.host[0] ? a->listen.host : "*", a->listen.port);
-    int rc = mw_listen(x->s.ctx, addr, NULL, on_accept, x, &x->listener);
+    mw_conn_opts_t o;
+    mc_conn_opts(a, &o);
+    int rc = mw_listen(x->s.ctx, addr, &o, on_accept, x, &x->listener);
     if (rc) {
         mc_say(&x->s, -1, "cannot listen on %s: %s", addr, mw_strerror(rc));
         return rc;
@@ -368,7 +370,9 @@ static int open_down(struct receiver *x, const char *hops)
     snprintf(next, sizeof next, "%.*s", (int)strcspn(hops, ","), hops);
     const char *rest = hops + strcspn(hops, ",");
     rest += *rest == ',';
-    if (mc_hop_connect(&x->down, &x->s.k, next, (unsigned)(x->s.a->timeout_s * 1000)))
+    mw_conn_opts_t o;
+    mc_conn_opts(x->s.a, &o);
+    if (mc_hop_connect(&x->down, &x->s.k, next, &o))
         return -ECONNREFUSED;
     struct mc_msg m = {.type = MC_HELLO, .a = x->chunk, .b = x->window}, r;
     snprintf(m.text, sizeof m.text, "%s", rest);

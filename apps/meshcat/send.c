@@ -194,7 +194,9 @@ static int open_chain(struct sender *x)
     char first[300];
     snprintf(first, sizeof first, strchr(a->to[0].host, ':') ? "[%s]:%d" : "%s:%d",
              a->to[0].host, a->to[0].port);
-    if (mc_hop_connect(&x->down, &x->s.k, first, (unsigned)(a->timeout_s * 1000)))
+    mw_conn_opts_t o;
+    mc_conn_opts(a, &o);
+    if (mc_hop_connect(&x->down, &x->s.k, first, &o))
         return fail_hop(x);
     struct mc_msg m = {.type = MC_HELLO, .a = a->chunk, .b = a->window};
     for (int i = 1; i < a->nto; i++) {

@@ -21,6 +21,14 @@ double mc_now(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+void mc_conn_opts(const struct mc_args *a, mw_conn_opts_t *o)
+{
+    mw_conn_opts_init(o);
+    o->timeout_ms = (unsigned)(a->timeout_s * 1000);
+    if (a->ack_timeout_us >= 0)
+        o->ack_timeout_us = (unsigned)a->ack_timeout_us;
+}
+
 static int term_width(void)
 {
     struct winsize w;

@@ -43,6 +43,9 @@ void mc_progress_done(struct mc_session *s);
  * seconds, MB/s, the local NIC and the peer. */
 void mc_summary(struct mc_session *s, mw_conn_t *c, char *line, size_t cap);
 double mc_now(void);
+/* mc_conn_opts() - connection options from the command line (-t,
+ * --ack-timeout), for both ends. */
+void mc_conn_opts(const struct mc_args *a, mw_conn_opts_t *o);
 
 /* The end-to-end checksum of a file: XXH3-128, which catches corruption at
  * memory speed (SHA-256 ran at a quarter of the link's rate on rxe and

@@ -288,6 +288,17 @@ static void test_cli_options(void **state)
     OK(&c, "node1", "--window=64");
     assert_int_equal(c.a.window, 64);
 
+    OK(&c, "node1");
+    assert_int_equal(c.a.ack_timeout_us, -1);           /* meshwire's default */
+    OK(&c, "node1", "--ack-timeout", "4");
+    assert_int_equal(c.a.ack_timeout_us, 4000);
+    OK(&c, "node1", "--ack-timeout=0.5");
+    assert_int_equal(c.a.ack_timeout_us, 500);
+    OK(&c, "node1", "--ack-timeout", "0");              /* rdma_cm's */
+    assert_int_equal(c.a.ack_timeout_us, 0);
+    OK(&c, "node1", "--ack-timeout", "0.0001");         /* never rounded to 0 */
+    assert_int_equal(c.a.ack_timeout_us, 1);
+
     OK(&c, "node1", "-q");
     assert_int_equal(c.a.verbose, -1);
     OK(&c, "node1", "--quiet");
@@ -379,6 +390,10 @@ static void test_cli_bad_numbers(void **state)
     USAGE("'65'", "node1", "--window", "65");
     USAGE("'x'", "node1", "--window", "x");
     USAGE("'8 '", "node1", "--window", "8 ");
+    USAGE("'-1'", "node1", "--ack-timeout", "-1");
+    USAGE("'nan'", "node1", "--ack-timeout", "nan");
+    USAGE("'5000000'", "node1", "--ack-timeout", "5000000");
+    USAGE("'1ms'", "node1", "--ack-timeout", "1ms");
 }
 
 static void test_cli_mode_errors(void **state)
