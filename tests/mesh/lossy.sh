@@ -1,0 +1,121 @@
+#!/bin/bash
+# Lossy links.  Every mesh link of every node drops and reorders packets
+# (netem on each end: loss L, delay 1ms, reorder 5%), at L = 0.1% and 1%.
+# At each level node0 sends an 8 MiB file to node1 with meshcat, byte-
+# identical within 60 s, and every node runs the mesh collectives
+# (allreduce, allgather, broadcast, each checked) within 120 s.  Then the
+# node0-node1 link goes dark in the middle of a stream: node0's meshcat
+# fails within 10 s (the retries of its RDMA writes run out), node1's
+# within 25 s (-t 10: its keepalive probe, then the same), and node1
+# publishes nothing.
+#   lossy.sh MESHCAT MESH-COLL      (mesh suite, on every node at once)
+set -u
+source "$(dirname "$0")/../lib/rdma.sh"
+need_rdma
+: "${MW_NODE:?} ${MW_NODES:?} ${MW_SHARED:?} ${MW_ADDRS:?}"
+MC=$(realpath "$1")
+COLL=$(realpath "$2")
+port=7691
+W=$(mktemp -d /tmp/lossy-mesh.XXXXXX)
+cd "$W" || exit 1
+
+# The netdevs of this node's mesh links, one per address.
+netdevs=()
+IFS=, read -ra addrs <<<"$MW_ADDRS"
+for a in "${addrs[@]}"; do
+    netdevs+=("$(ip -o -4 addr show | awk -v a="$a" '{split($4, p, "/"); if (p[1] == a) print $2}')")
+done
+netem() {       # netem off | netem SPEC...: on every link of this node
+    local d
+    for d in "${netdevs[@]}"; do
+        tc qdisc del dev "$d" root 2>/dev/null
+        [[ $1 == off ]] || tc qdisc add dev "$d" root netem "$@" || return 1
+    done
+}
+dropped() {     # packets netem dropped on this node's links so far
+    local d n=0
+    for d in "${netdevs[@]}"; do
+        n=$((n + $(tc -s qdisc show dev "$d" | awk '/dropped/ {sub(",", "", $7); print $7; exit}')))
+    done
+    echo $n
+}
+trap 'netem off; rm -rf "$W"' EXIT
+fail() { echo "FAIL: node$MW_NODE: $*"; exit 1; }
+all_arrived() { (($(ls "$MW_SHARED" | grep -cF "lossy.$1.") >= MW_NODES)); }
+barrier() {     # barrier NAME: wait until every node got here
+    touch "$MW_SHARED/lossy.$1.$MW_NODE"
+    retry 180 all_arrived "$1" || fail "barrier $1: not every node arrived"
+}
+elapsed() { echo $((SECONDS - $1)); }
+
+((MW_NODE == 0)) && head -c $((8 << 20)) /dev/urandom >big && sha256sum big >"$MW_SHARED/lossy.sum"
+for loss in 0.1% 1%; do
+    netem loss "$loss" delay 1ms reorder 5% || fail "cannot add netem (sch_netem?)"
+    barrier "on-$loss"
+    t0=$SECONDS
+    case $MW_NODE in
+    0)
+        timeout 60 "$MC" -q -t 30 "node1:$port" big || fail "meshcat at $loss loss: exit $?"
+        echo "node0: 8 MiB to node1 at $loss loss in $(elapsed $t0) s"
+        ;;
+    1)
+        rm -rf in && mkdir in
+        timeout 65 "$MC" -q -t 30 -l ":$port" -o in || fail "receiving at $loss loss: exit $?"
+        (cd in && sha256sum -c --quiet "$MW_SHARED/lossy.sum") || fail "file differs at $loss loss"
+        echo "node1: byte-identical at $loss loss, $(elapsed $t0) s"
+        ;;
+    esac
+    barrier "file-$loss"
+    t0=$SECONDS
+    timeout 120 "$COLL" >coll.log 2>&1 || { cat coll.log; fail "collectives at $loss loss: exit $?"; }
+    echo "node$MW_NODE: collectives checked at $loss loss in $(elapsed $t0) s" \
+        "(netem dropped $(dropped) packets here so far)"
+    barrier "coll-$loss"
+done
+# The losses were real: 8 MiB at 1% loss is over 2,000 packets, 20 dropped.
+((MW_NODE > 1)) || (($(dropped) > 0)) || fail "netem dropped nothing: the test tested nothing"
+netem off
+
+# A link that goes dark mid-transfer: node0 and node1 each drop everything
+# they send on the link the transfer uses (the route to the other).
+dark() {
+    local peer dev
+    peer=$(getent hosts "node$1" | awk '{print $1; exit}')
+    dev=$(ip -o route get "$peer" | awk '{for (i = 1; i < NF; i++) if ($i == "dev") print $(i + 1)}')
+    [[ -n $dev ]] && tc qdisc add dev "$dev" root netem loss 100%
+}
+case $MW_NODE in
+0)
+    barrier dark-ready
+    head -c $((64 << 30)) /dev/zero | "$MC" -q -t 10 "node1:$port" & pid=$!
+    sleep 2
+    dark 1 || fail "cannot darken the link to node1"
+    touch "$MW_SHARED/lossy.dark"
+    t0=$SECONDS
+    for _ in $(seq 40); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    kill -0 $pid 2>/dev/null && { kill -9 $pid; fail "meshcat still running 20 s after the link went dark"; }
+    wait $pid && fail "meshcat succeeded over a dark link"
+    t=$(elapsed $t0)
+    ((t <= 10)) || fail "meshcat noticed the dark link after $t s (want <= 10)"
+    echo "node0: dark link noticed in ${t} s"
+    ;;
+1)
+    rm -rf in && mkdir in
+    "$MC" -q -t 10 -l ":$port" -o in & pid=$!
+    barrier dark-ready
+    retry 30 test -f "$MW_SHARED/lossy.dark" || fail "node0 never darkened the link"
+    dark 0 || fail "cannot darken the link to node0"
+    t0=$SECONDS
+    for _ in $(seq 80); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    kill -0 $pid 2>/dev/null && { kill -9 $pid; fail "receiver still running 40 s after the link went dark"; }
+    wait $pid && fail "the receiver succeeded over a dark link"
+    t=$(elapsed $t0)
+    ((t <= 25)) || fail "the receiver noticed the dark link after $t s (want <= 25)"
+    [[ -z $(ls -A in) ]] || fail "the receiver published $(ls in) from a broken transfer"
+    echo "node1: dark link noticed in ${t} s, nothing published"
+    ;;
+*)
+    barrier dark-ready
+    ;;
+esac
+barrier done
