@@ -41,6 +41,7 @@ extern "C" {
 #define MW_EXTERN
 #endif
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -414,7 +415,8 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * port down, or when the device goes away; the future's message says
  * which.  A peer that goes silent with work in flight to it (its host or
  * link gone) is noticed when the device's resends run out, after about
- * (retry_count + 1) x ack_timeout_us (130 ms with the defaults); with only
+ * (retry_count + 1) x ack_timeout_us (with the defaults 120 ms on RDMA
+ * hardware, 0.9 s on soft-RoCE); with only
  * a receive waiting, after keepalive_ms and that.  Lost and reordered
  * packets are resent by the device and cost time, never data.
  *
@@ -428,6 +430,9 @@ typedef struct mw_conn mw_conn_t;
 typedef struct mw_listener mw_listener_t;
 
 #define MW_DEFAULT_PORT 7470
+
+/** mw_conn_opts_t.ack_timeout_us: leave the ACK timeout to rdma_cm. */
+#define MW_ACK_TIMEOUT_PATH UINT_MAX
 
 /** Connection options; start from mw_conn_opts_init(). */
 typedef struct mw_conn_opts {
@@ -481,19 +486,25 @@ typedef struct mw_conn_opts {
                                    this much before the resend; a loss
                                    within a burst is resent as soon as the
                                    peer's NAK comes back.  Too short for
-                                   the path's round trip under load and
-                                   packets are sent twice.  Default 16 ms
-                                   (for a data-centre fabric, round trips
-                                   well under a millisecond); 0: what
-                                   rdma_cm derives from the path (on RoCE
-                                   1-2 s) */
+                                   the round trip under load and packets
+                                   are sent twice.  Default 0: 16.8 ms on
+                                   RDMA hardware (data-centre round trips
+                                   are microseconds), 134 ms on soft-RoCE
+                                   (the peer's CPU acknowledges, late when
+                                   busy: rxe resends cost it more work and
+                                   can fail writes).  MW_ACK_TIMEOUT_PATH:
+                                   what rdma_cm derives from the path, on
+                                   RoCE 1-2 s */
     unsigned retry_count;     /**< resends of an unacknowledged packet
-                                   before the connection fails, 0..7; a peer
-                                   that vanishes while work is in flight is
-                                   noticed after about (retry_count + 1) x
-                                   ack_timeout_us.  The connecting side's
-                                   value applies to both ends (rdma_cm
-                                   carries it in the request).  Default 7 */
+                                   before the connection fails, 0..6 (7 is
+                                   refused: soft-RoCE reads it as "for
+                                   ever", and a vanished peer would never
+                                   be noticed); a peer that vanishes while
+                                   work is in flight is noticed after about
+                                   (retry_count + 1) x ack_timeout_us.  The
+                                   connecting side's value applies to both
+                                   ends (rdma_cm carries it in the
+                                   request).  Default 6 */
     unsigned rnr_retry;       /**< resends when the peer has no receive
                                    posted, 0..6 (7, for ever, is refused:
                                    a peer that stops posting would hang the

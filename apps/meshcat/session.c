@@ -26,7 +26,7 @@ void mc_conn_opts(const struct mc_args *a, mw_conn_opts_t *o)
     mw_conn_opts_init(o);
     o->timeout_ms = (unsigned)(a->timeout_s * 1000);
     if (a->ack_timeout_us >= 0)
-        o->ack_timeout_us = (unsigned)a->ack_timeout_us;
+        o->ack_timeout_us = a->ack_timeout_us ? (unsigned)a->ack_timeout_us : MW_ACK_TIMEOUT_PATH;
 }
 
 static int term_width(void)

@@ -37,9 +37,6 @@ const char *mw__conn_state_str(enum mw__conn_state s)
     return (unsigned)s < sizeof state_names / sizeof *state_names ? state_names[s] : "?";
 }
 
-/* RC's ACK timeout by default: see mw_conn_opts_t.ack_timeout_us. */
-#define MW__ACK_TIMEOUT_US 16000
-
 void mw_conn_opts_init(mw_conn_opts_t *o)
 {
     *o = (mw_conn_opts_t){
@@ -53,11 +50,19 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
         .max_msg_size = 256u << 20,
         .max_inbox_bytes = 1u << 30,
         .max_accepting = 64,
-        .ack_timeout_us = MW__ACK_TIMEOUT_US,
-        .retry_count = 7,
+        .retry_count = 6,
         .rnr_retry = 6,
     };
 }
+
+/* RC's ACK timeout by default, as the IB exponent (4.096 us x 2^n): 16.8 ms
+ * on RDMA hardware, where the NIC acknowledges; 134 ms on soft-RoCE, where
+ * the peer's CPU does, late when it is busy.  Measured on the mesh suite's
+ * rails test (three VMs on two cores): 16.8 ms gave 311 resends, thousands
+ * of duplicate packets and writes failed by rxe ("remote invalid request")
+ * on every node; 67 ms 22 resends; 134 ms one. */
+#define MW__ACK_EXP_NIC 12
+#define MW__ACK_EXP_SOFT_ROCE 15
 
 /* The IB encoding of an ACK timeout: the least n in 1..31 with 4.096 us x
  * 2^n >= @us (0 would mean "wait for ever"). */
@@ -80,7 +85,7 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
         o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
         o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
-        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 7 ||
+        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 6 ||
         o->rnr_retry > 6)
         return -EINVAL;
     return 0;
@@ -223,8 +228,10 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     c->max_msg = pa.max_msg_sz;
     if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
-    uint8_t t = ack_timeout_exp(c->opts.ack_timeout_us);
-    if (c->opts.ack_timeout_us &&
+    unsigned us = c->opts.ack_timeout_us;
+    uint8_t t = us ? ack_timeout_exp(us) : c->dev->soft_roce ? MW__ACK_EXP_SOFT_ROCE
+                                                             : MW__ACK_EXP_NIC;
+    if (us != MW_ACK_TIMEOUT_PATH &&
         rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) < 0) {
         rc = -errno;
         snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->dev->name,
@@ -250,7 +257,8 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
 
 /* Connection parameters carrying our handshake in @pd (kept by the caller
  * until rdma_connect/rdma_accept returns).  Retries are finite (the
- * options refuse rnr_retry 7, for ever).  Read depths: ours, within what the device
+ * options refuse 7: for ever, for RNR by the spec, for both on rxe).  Read
+ * depths: ours, within what the device
  * allows; accepting, also within what the peer asked for and serves. */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {

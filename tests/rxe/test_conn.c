@@ -642,7 +642,7 @@ static mw_conn_stats_t stats_of(mw_conn_t *c)
 }
 
 /* What each end's queue pair runs, as the device reports it: the ACK
- * timeout is each end's own (0: rdma_cm's, from the path); the retry count
+ * timeout is each end's own (or rdma_cm's, from the path); the retry count
  * the connecting end's (rdma_cm carries it in the request); the RNR retry
  * count the other end's. */
 static void retry_options_reach_the_queue_pairs(void **state)
@@ -653,7 +653,7 @@ static void retry_options_reach_the_queue_pairs(void **state)
     mw_conn_opts_t so, co;
     mw_conn_opts_init(&so);
     mw_conn_opts_init(&co);
-    so.ack_timeout_us = 0, so.retry_count = 2, so.rnr_retry = 3;
+    so.ack_timeout_us = MW_ACK_TIMEOUT_PATH, so.retry_count = 2, so.rnr_retry = 3;
     co.ack_timeout_us = 2000, co.retry_count = 4, co.rnr_retry = 5;
     struct rxe_server s;
     rxe_server_start(&s, ctx, "*", &so);
@@ -683,10 +683,10 @@ static void retry_options_reach_the_queue_pairs(void **state)
     c = rxe_connect(ctx, addrs[1], s.port, NULL);
     rxe_wait_accepted(&s, 1);
     cs = stats_of(c), ss = stats_of(s.conns[0]);
-    assert_int_equal(cs.ack_timeout_us, 16778);         /* 4.096 us x 2^12 */
-    assert_int_equal(ss.ack_timeout_us, 16778);
-    assert_int_equal(cs.retry_count, 7);
-    assert_int_equal(ss.retry_count, 7);
+    assert_int_equal(cs.ack_timeout_us, 134218);        /* soft-RoCE's: 4.096 us x 2^15 */
+    assert_int_equal(ss.ack_timeout_us, 134218);
+    assert_int_equal(cs.retry_count, 6);
+    assert_int_equal(ss.retry_count, 6);
     assert_int_equal(cs.rnr_retry, 6);
     assert_int_equal(ss.rnr_retry, 6);
     rxe_close_conn(c);
