@@ -413,12 +413,13 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * the peer disconnects, when it stops answering while anything waits on it
  * (keepalive_ms), when the device reports its queue pair broken or its
  * port down, or when the device goes away; the future's message says
- * which.  A peer that goes silent with work in flight to it (its host or
- * link gone) is noticed when the device's resends run out, after about
- * (retry_count + 1) x ack_timeout_us (with the defaults 120 ms on RDMA
- * hardware, 0.9 s on soft-RoCE); with only
- * a receive waiting, after keepalive_ms and that.  Lost and reordered
- * packets are resent by the device and cost time, never data.
+ * which.  A peer that goes silent (its host or link gone) is noticed when
+ * the device's resends of work in flight run out, after about (retry_count
+ * + 1) x ack_timeout_us (135 ms with the defaults on RDMA hardware), and
+ * in any case while anything waits on it within 2 x keepalive_ms (a probe
+ * unanswered: on soft-RoCE, whose resends at the default never run out,
+ * that is what notices).  Lost and reordered packets are resent by the
+ * device and cost time, never data.
  *
  * For each peer address the local address whose subnet contains
  * it (longest prefix) is chosen as the source, so in a direct-connect mesh each peer is reached
@@ -457,7 +458,9 @@ typedef struct mw_conn_opts {
                                    receive, an operation queued or in flight)
                                    and the peer is silent this long, probe it
                                    (a zero-length RDMA write) so a vanished
-                                   peer fails them; default 0 = timeout_ms */
+                                   peer fails them: one unanswered for
+                                   keepalive_ms more fails the connection;
+                                   default 0 = timeout_ms */
     unsigned send_timeout_ms; /**< an operation that waits this long for the
                                    peer's credits (the peer is alive but does
                                    not read its messages) fails -ETIMEDOUT,
@@ -496,15 +499,17 @@ typedef struct mw_conn_opts {
                                    what rdma_cm derives from the path, on
                                    RoCE 1-2 s */
     unsigned retry_count;     /**< resends of an unacknowledged packet
-                                   before the connection fails, 0..6 (7 is
-                                   refused: soft-RoCE reads it as "for
-                                   ever", and a vanished peer would never
-                                   be noticed); a peer that vanishes while
-                                   work is in flight is noticed after about
-                                   (retry_count + 1) x ack_timeout_us.  The
+                                   before the connection fails, 0..7; a peer
+                                   that vanishes while work is in flight is
+                                   noticed after about (retry_count + 1) x
+                                   ack_timeout_us.  Soft-RoCE reads 7 as
+                                   "for ever" and counts resends per work
+                                   request (lower values fail large
+                                   transfers on a lossy link): there the
+                                   keepalive notices a vanished peer.  The
                                    connecting side's value applies to both
                                    ends (rdma_cm carries it in the
-                                   request).  Default 6 */
+                                   request).  Default 7 */
     unsigned rnr_retry;       /**< resends when the peer has no receive
                                    posted, 0..6 (7, for ever, is refused:
                                    a peer that stops posting would hang the

@@ -260,6 +260,7 @@ void mw__conn_peer_left_settle(struct mw__conn *c);
 static inline void mw__conn_send_completed(struct mw__conn *c, unsigned n)
 {
     c->wr_out -= n;
+    c->rx_activity++;             /* acknowledged by the peer (or failing) */
     if (c->peer_left && c->wr_out == c->recv_out)
         mw__conn_peer_left_settle(c);
 }

@@ -50,7 +50,7 @@ void mw_conn_opts_init(mw_conn_opts_t *o)
         .max_msg_size = 256u << 20,
         .max_inbox_bytes = 1u << 30,
         .max_accepting = 64,
-        .retry_count = 6,
+        .retry_count = 7,
         .rnr_retry = 6,
     };
 }
@@ -85,7 +85,7 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
         o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
         o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
-        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 6 ||
+        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 7 ||
         o->rnr_retry > 6)
         return -EINVAL;
     return 0;
@@ -256,9 +256,9 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
 }
 
 /* Connection parameters carrying our handshake in @pd (kept by the caller
- * until rdma_connect/rdma_accept returns).  Retries are finite (the
- * options refuse 7: for ever, for RNR by the spec, for both on rxe).  Read
- * depths: ours, within what the device
+ * until rdma_connect/rdma_accept returns).  RNR retries are finite (the
+ * options refuse 7, for ever); rxe reads a retry count of 7 as for ever
+ * too, and keepalive.c notices a silent peer then.  Read depths: ours, within what the device
  * allows; accepting, also within what the peer asked for and serves. */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {

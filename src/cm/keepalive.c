@@ -1,12 +1,15 @@
 /* Liveness while anything waits on the peer.  A receive, or a send waiting
  * for credits, can wait for ever on a peer whose host or link silently went
  * away: nothing is in flight to time out.  So while anything waits (a
- * receive, an operation in the queue) and nothing arrives for keepalive_ms,
- * a zero-length RDMA write probes the peer: it needs no credit and no
- * remote memory, and its retries fail it (and the connection) when nobody
- * answers.  A peer that answers but never returns credits (alive, not
- * reading) makes the message waiting for them fail after send_timeout_ms.
- * An idle connection sends nothing and wakes nobody. */
+ * receive, an operation in the queue) and nothing arrives or completes for
+ * keepalive_ms, a zero-length RDMA write probes the peer: it needs no
+ * credit and no remote memory.  Its retries fail it (and the connection)
+ * when nobody answers -- unless the device retries for ever (rxe reads
+ * retry count 7 so), hence a deadline too: a probe still unanswered, and
+ * nothing else heard, keepalive_ms later fails the connection.  A peer
+ * that answers but never returns credits (alive, not reading) makes the
+ * message waiting for them fail after send_timeout_ms.  An idle
+ * connection sends nothing and wakes nobody. */
 #include <errno.h>
 
 #include <event2/event.h>
@@ -83,13 +86,19 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     if (!mw__conn_usable(c))
         return;
     credit_deadline(c);
-    if (!waiting(c) || c->probe_op)
-        return;                       /* a probe in flight re-arms when done */
+    if (!waiting(c))
+        return;
     if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
         mw__keepalive_arm(c);
         return;
     }
+    if (c->probe_op) {
+        mw__conn_fail(c, -ETIMEDOUT, "peer not responding (keepalive: no answer for %u ms)",
+                      2 * c->opts.keepalive_ms);
+        return;
+    }
     send_probe(c);
+    mw__keepalive_arm(c);             /* the probe's deadline */
 }
 
 void mw__keepalive_arm(struct mw__conn *c)

@@ -205,17 +205,6 @@ static bool room_for_one_more(const struct mw__listener *l)
     return n < l->opts.max_accepting;
 }
 
-/* Our queue pair takes the retry count the peer asks for (rdma_cm carries
- * it in the request): 7 would be "for ever" on soft-RoCE, and a peer that
- * vanished would never be noticed.  A meshwire peer asks at most 6. */
-static int check_peer_retries(const struct rdma_conn_param *p, const char **why)
-{
-    if (p->retry_count <= 6)
-        return 0;
-    *why = "retry count 7 asked for (for ever on soft-RoCE): at most 6";
-    return -EPROTO;
-}
-
 static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
 {
     if (!room_for_one_more(l)) {
@@ -241,7 +230,6 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
     char reason[160];
     if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                        ev->param.conn.private_data_len, &why)) < 0 ||
-        (rc = check_peer_retries(&ev->param.conn, &why)) < 0 ||
         (rc = answer(c, &why, reason, sizeof reason)) < 0)
         refuse(c, rc, why);
 }

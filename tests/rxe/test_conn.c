@@ -685,8 +685,8 @@ static void retry_options_reach_the_queue_pairs(void **state)
     cs = stats_of(c), ss = stats_of(s.conns[0]);
     assert_int_equal(cs.ack_timeout_us, 134218);        /* soft-RoCE's: 4.096 us x 2^15 */
     assert_int_equal(ss.ack_timeout_us, 134218);
-    assert_int_equal(cs.retry_count, 6);
-    assert_int_equal(ss.retry_count, 6);
+    assert_int_equal(cs.retry_count, 7);
+    assert_int_equal(ss.retry_count, 7);
     assert_int_equal(cs.rnr_retry, 6);
     assert_int_equal(ss.rnr_retry, 6);
     rxe_close_conn(c);

@@ -123,7 +123,7 @@ static int half_open_flood(const char *addr, const char *port, int n)
             fprintf(stderr, "half-open flood: %d sent after %.2f s\n", i, now_s() - t0);
         struct rdma_cm_id *id;
         struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
-                                     .retry_count = 6, .rnr_retry_count = 6,
+                                     .retry_count = 7, .rnr_retry_count = 7,
                                      .qp_num = 1000 + (uint32_t)i};
         if (rdma_create_ep(&id, res, NULL, NULL) || rdma_migrate_id(id, ch) ||
             rdma_connect(id, &cp)) {
@@ -156,11 +156,7 @@ static int raw_client(const char *addr, const char *port, const char *kind)
     uint8_t pd[MW__HELLO_LEN];
     raw_hello(pd);
     struct rdma_conn_param cp = {.private_data = pd, .private_data_len = sizeof pd,
-                                 .retry_count = 6, .rnr_retry_count = 6};
-    if (!strcmp(kind, "forever")) {               /* retries for ever: refused */
-        cp.retry_count = 7;
-        return rdma_connect(id, &cp) ? 0 : 5;
-    }
+                                 .retry_count = 7, .rnr_retry_count = 7};
     if (!strcmp(kind, "die")) {                   /* asynchronous: do not wait */
         struct rdma_event_channel *ch = rdma_create_event_channel();
         if (!ch || rdma_migrate_id(id, ch) || rdma_connect(id, &cp))
@@ -291,34 +287,6 @@ static void context_still_serves(mw_ctx_t *ctx)
 }
 
 /* --- the tests ------------------------------------------------------------- */
-
-/* A client whose request asks for retry count 7 -- for ever on soft-RoCE,
- * where our end of the connection would then never notice it vanish -- is
- * refused and counted; the listener goes on serving. */
-static void peer_asking_to_retry_for_ever_is_refused(void **state)
-{
-    (void)state;
-    mw_ctx_t *ctx;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    char la[64];
-    snprintf(la, sizeof la, "%s:0", addrs[1]);
-    mw_conn_t *accepted = NULL;
-    mw_listener_t *l;
-    assert_int_equal(mw_listen(ctx, la, NULL, rxe_keep_first, &accepted, &l), 0);
-    pid_t pid = spawn_client("forever", mw_listener_port(l));
-    int status = 0;
-    for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) != pid; i++)
-        loop_for(ctx, 20);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);          /* its connect was refused */
-    mw_listener_stats_t ls;
-    mw_listener_stats(l, &ls);
-    assert_int_equal(ls.rejected, 1);
-    assert_null(accepted);
-    mw_listener_free(l);
-    context_still_serves(ctx);
-    mw_ctx_free(ctx);
-}
 
 static void server_that_never_accepts(void **state)
 {
@@ -710,7 +678,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(peer_that_accepts_then_never_answers),
         cmocka_unit_test(server_killed_during_connect),
         cmocka_unit_test(client_killed_during_connect),
-        cmocka_unit_test(peer_asking_to_retry_for_ever_is_refused),
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
         cmocka_unit_test(message_beyond_max_msg_size_is_refused),
         cmocka_unit_test(half_open_flood_stays_bounded),

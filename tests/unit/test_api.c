@@ -170,10 +170,10 @@ static void conn_options_checked(void **state)
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     struct { unsigned retry, rnr, credits; int err; } cases[] = {
-        {7, 6, 16, -EINVAL},            /* retry_count 7: for ever on rxe */
-        {6, 7, 16, -EINVAL},            /* rnr_retry 7: for ever */
-        {6, 6, 1, -EINVAL},
-        {0, 0, 16, 0}, {6, 6, 16, 0},
+        {8, 6, 16, -EINVAL},            /* retry_count beyond 3 bits */
+        {7, 7, 16, -EINVAL},            /* rnr_retry 7: for ever */
+        {7, 6, 1, -EINVAL},
+        {0, 0, 16, 0}, {7, 6, 16, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mw_conn_opts_t o;
@@ -195,7 +195,7 @@ static void conn_options_checked(void **state)
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     assert_int_equal(o.ack_timeout_us, 0);              /* the documented defaults */
-    assert_int_equal(o.retry_count, 6);
+    assert_int_equal(o.retry_count, 7);
     assert_int_equal(o.rnr_retry, 6);
     mw_ctx_free(ctx);
 }
