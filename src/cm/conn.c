@@ -258,8 +258,9 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
 /* Connection parameters carrying our handshake in @pd (kept by the caller
  * until rdma_connect/rdma_accept returns).  RNR retries are finite (the
  * options refuse 7, for ever); rxe reads a retry count of 7 as for ever
- * too, and keepalive.c notices a silent peer then.  Read depths: ours, within what the device
- * allows; accepting, also within what the peer asked for and serves. */
+ * too, and keepalive.c notices a silent peer then.  Read depths: ours,
+ * within what the device allows; accepting, also within what the peer
+ * asked for and serves. */
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
 {
     bool passive = c->side == MW__SIDE_PASSIVE;
@@ -331,6 +332,20 @@ void mw__conn_disarm_timer(struct mw__conn *c)
 
 /* --- established, broken, closed ----------------------------------------- */
 
+/* What the queue pair really runs, for mw_conn_stats: on the passive side
+ * the retry count is the connecting side's, and MW_ACK_TIMEOUT_PATH
+ * leaves the ACK timeout to rdma_cm. */
+static void query_retries(struct mw__conn *c)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    if (ibv_query_qp(c->id->qp, &a, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &ia))
+        return;
+    c->stats.ack_timeout_us = ack_timeout_exp_us(a.timeout);
+    c->stats.retry_count = a.retry_cnt;
+    c->stats.rnr_retry = a.rnr_retry;
+}
+
 static int alloc_send_slots(struct mw__conn *c)
 {
     size_t slot = c->max_frag + MW__FRAG_HDR_LEN;
@@ -347,20 +362,6 @@ static int alloc_send_slots(struct mw__conn *c)
  * why; the handshake cannot ask for it: the connecting side's depth comes
  * from the peer's answer), else as negotiated (more would only wait in the
  * device). */
-/* What the queue pair really runs, for mw_conn_stats: on the passive side
- * the retry count is the connecting side's, and 0 ACK timeout leaves it to
- * rdma_cm. */
-static void query_retries(struct mw__conn *c)
-{
-    struct ibv_qp_attr a;
-    struct ibv_qp_init_attr ia;
-    if (ibv_query_qp(c->id->qp, &a, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &ia))
-        return;
-    c->stats.ack_timeout_us = ack_timeout_exp_us(a.timeout);
-    c->stats.retry_count = a.retry_cnt;
-    c->stats.rnr_retry = a.rnr_retry;
-}
-
 static unsigned reads_in_flight(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
