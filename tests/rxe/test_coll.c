@@ -293,6 +293,10 @@ static void start_two(mw_comm_t *comm, const char *kind, float *x, float *y, siz
 static void check_killed_rank(mw_ctx_t *ctx, mw_comm_t *comm, int rank, int nranks,
                               const char *kind)
 {
+    /* Every rank holds the communicator before anyone dies: creation
+     * completes rank by rank, and under TSan a rank still forming it 300 ms
+     * after the victim's own creation failed it instead (seen once). */
+    CHECK(wait_ok(mw_barrier(comm), "barrier before the kill") == 0, "rank %d: no barrier", rank);
     size_t m = 16u << 20;                   /* 64 MiB of f32: seconds on rxe */
     float *x = calloc(m + 16, sizeof *x), *y = calloc(m + 16, sizeof *y);
     mw_future_t *f[2] = {NULL, NULL};
