@@ -488,7 +488,9 @@ typedef struct mw_conn_opts {
                                    a burst, or the peer's NAK lost) costs
                                    this much before the resend; a loss
                                    within a burst is resent as soon as the
-                                   peer's NAK comes back.  Too short for
+                                   peer's NAK comes back (on soft-RoCE, a
+                                   loss or reordering during a resend waits
+                                   for the timer).  Too short for
                                    the round trip under load and packets
                                    are sent twice.  Default 0: 16.8 ms on
                                    RDMA hardware (data-centre round trips
