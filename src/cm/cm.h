@@ -220,7 +220,8 @@ struct mw__conn {
     struct event *pump_ev;        /* zero timer: post more next turn */
     struct event *probe_ev;       /* keepalive while anything waits */
     struct mw__op *probe_op;      /* the probe in flight, if any */
-    uint64_t rx_activity, rx_seen_at_probe;
+    uint64_t peer_heard, heard_at_probe;   /* receives and completions: the
+                                             peer answered (keepalive.c) */
     uint64_t credit_wait_since;   /* ms, when the queue's head began to wait
                                      for credits (0: it does not) */
     struct mw__conn_export *exports; /* standing or withdrawn, mw_mem_export */
@@ -260,7 +261,7 @@ void mw__conn_peer_left_settle(struct mw__conn *c);
 static inline void mw__conn_send_completed(struct mw__conn *c, unsigned n)
 {
     c->wr_out -= n;
-    c->rx_activity++;             /* acknowledged by the peer (or failing) */
+    c->peer_heard++;              /* acknowledged by the peer (or failing) */
     if (c->peer_left && c->wr_out == c->recv_out)
         mw__conn_peer_left_settle(c);
 }

@@ -204,6 +204,22 @@ static int create_qp(struct mw__conn *c, char *why, size_t cap)
     return rc;
 }
 
+/* The ACK timeout rdma_cm puts on the queue pair: the option's, the
+ * device's default for 0, or rdma_cm's own for MW_ACK_TIMEOUT_PATH. */
+static int set_ack_timeout(struct mw__conn *c, char *why, size_t cap)
+{
+    unsigned us = c->opts.ack_timeout_us;
+    if (us == MW_ACK_TIMEOUT_PATH)
+        return 0;
+    uint8_t t = us ? ack_timeout_exp(us) : c->dev->soft_roce ? MW__ACK_EXP_SOFT_ROCE
+                                                             : MW__ACK_EXP_NIC;
+    if (rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) == 0)
+        return 0;
+    int rc = -errno;
+    snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->dev->name, mw_strerror(rc));
+    return rc;
+}
+
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
 {
     int rc = mw__dev_get(c->ctx, c->id->verbs, &c->dev);
@@ -228,16 +244,8 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     c->max_msg = pa.max_msg_sz;
     if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
-    unsigned us = c->opts.ack_timeout_us;
-    uint8_t t = us ? ack_timeout_exp(us) : c->dev->soft_roce ? MW__ACK_EXP_SOFT_ROCE
-                                                             : MW__ACK_EXP_NIC;
-    if (us != MW_ACK_TIMEOUT_PATH &&
-        rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) < 0) {
-        rc = -errno;
-        snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->dev->name,
-                 mw_strerror(rc));
+    if ((rc = set_ack_timeout(c, why, cap)) < 0)
         return rc;
-    }
     if ((rc = mw__msg_post_recvs(c)) < 0)
         snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
                  c->opts.credits, c->opts.slot_size, c->dev->name, mw_strerror(rc));

@@ -88,7 +88,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     credit_deadline(c);
     if (!waiting(c))
         return;
-    if (c->rx_activity != c->rx_seen_at_probe) {   /* the peer spoke: no probe */
+    if (c->peer_heard != c->heard_at_probe) {   /* the peer spoke: no probe */
         mw__keepalive_arm(c);
         return;
     }
@@ -111,6 +111,6 @@ void mw__keepalive_arm(struct mw__conn *c)
         return;
     unsigned ms = c->opts.keepalive_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    c->rx_seen_at_probe = c->rx_activity;
+    c->heard_at_probe = c->peer_heard;
     mw__ev_add(c->ctx, c->probe_ev, &tv);
 }

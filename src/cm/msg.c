@@ -316,7 +316,7 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         mw__conn_maybe_finish(c);
         return;
     }
-    c->rx_activity++;
+    c->peer_heard++;
     struct mw__recv_slot *s = &c->slots[i];
     s->with_imm = wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM;
     s->imm = ntohl(wc->imm_data);

@@ -8,11 +8,20 @@ need_rdma() {
     fi
 }
 
+# netdev_of_addr ADDR: the netdev carrying local address ADDR.
+netdev_of_addr() {
+    ip -o addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) {print $2; exit}}' | grep .
+}
+
+# netdev_to PEER: the netdev the route to PEER (an address) leaves by.
+netdev_to() {
+    ip -o route get "$1" | awk '{for (i = 1; i < NF; i++) if ($i == "dev") print $(i + 1)}' | grep .
+}
+
 # rxe_of_addr ADDR: the RDMA device whose netdev carries ADDR.
 rxe_of_addr() {
     local dev
-    dev=$(ip -o addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) print $2}')
-    [[ -n $dev ]] || return 1
+    dev=$(netdev_of_addr "$1") || return 1
     rdma link show | awk -v d="$dev" '{for (i = 1; i < NF; i++) if ($i == "netdev" && $(i + 1) == d) {split($2, p, "/"); print p[1]; exit}}' | grep .
 }
 

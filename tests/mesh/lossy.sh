@@ -23,7 +23,7 @@ cd "$W" || exit 1
 netdevs=()
 IFS=, read -ra addrs <<<"$MW_ADDRS"
 for a in "${addrs[@]}"; do
-    netdevs+=("$(ip -o -4 addr show | awk -v a="$a" '{split($4, p, "/"); if (p[1] == a) print $2}')")
+    netdevs+=("$(netdev_of_addr "$a")") || { echo "FAIL: no netdev for $a"; exit 1; }
 done
 netem() {       # netem off | netem SPEC...: on every link of this node
     local d
@@ -79,10 +79,9 @@ netem off
 # A link that goes dark mid-transfer: node0 and node1 each drop everything
 # they send on the link the transfer uses (the route to the other).
 dark() {
-    local peer dev
-    peer=$(getent hosts "node$1" | awk '{print $1; exit}')
-    dev=$(ip -o route get "$peer" | awk '{for (i = 1; i < NF; i++) if ($i == "dev") print $(i + 1)}')
-    [[ -n $dev ]] && tc qdisc add dev "$dev" root netem loss 100%
+    local dev
+    dev=$(netdev_to "$(getent hosts "node$1" | awk '{print $1; exit}')") &&
+        tc qdisc add dev "$dev" root netem loss 100%
 }
 # failed_within PID SECS WHAT: our child PID must fail within SECS; the
 # seconds it took in $t (not in a subshell: wait needs the child).
