@@ -351,10 +351,14 @@ static void port_down_fails_its_connections(void **state)
 
 struct ticker {
     struct event *ev;
-    int ticks;
+    mw_ctx_t *ctx;
+    int ticks, ticks_registering;
     double last, longest_gap;
 };
 
+/* The loop's timer; it also counts the ticks that ran while the device was
+ * open and its registration not yet done (the device is counted when it
+ * opens, the registrations when they end): inline, there would be none. */
 static void tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
@@ -363,6 +367,9 @@ static void tick(evutil_socket_t fd, short what, void *arg)
     if (t->ticks++ && now - t->last > t->longest_gap)
         t->longest_gap = now - t->last;
     t->last = now;
+    mw_ctx_stats_t st;
+    mw_ctx_stats(t->ctx, &st);
+    t->ticks_registering += st.devices == 1 && st.registrations == 0;
 }
 
 static void much_memory_registers_off_the_loop(void **state)
@@ -374,7 +381,7 @@ static void much_memory_registers_off_the_loop(void **state)
     char *mem = mw_alloc(ctx, big);
     assert_non_null(mem);
     memset(mem, 1, big);
-    struct ticker t = {0};
+    struct ticker t = {.ctx = ctx};
     t.ev = event_new(mw_ctx_base(ctx), -1, EV_PERSIST, tick, &t);
     struct timeval every = {0, 2000};
     event_add(t.ev, &every);
@@ -383,16 +390,15 @@ static void much_memory_registers_off_the_loop(void **state)
     double t0 = now_s();
     mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);
     double took = now_s() - t0;
-    int ticks = t.ticks;
-    double gap = t.longest_gap;
     printf("first connection with %zu MiB registered: %.3f s, the loop's 2 ms timer ran "
-           "%d times meanwhile, at most %.1f ms apart\n", big >> 20, took, ticks, gap * 1e3);
+           "%d times meanwhile, %d of them while the memory was being registered, at most "
+           "%.1f ms apart\n", big >> 20, took, t.ticks, t.ticks_registering, t.longest_gap * 1e3);
     rxe_wait_accepted(&s, 1);
     rxe_round_trip(c, s.conns[0]);
-    /* inline, registering the memory (most of the connection's time) would
-     * have kept every timer waiting: here they ran throughout */
-    assert_true(ticks >= 10);
-    assert_true(gap < took / 2);
+    /* inline, registering the memory would have kept every timer waiting:
+     * here they ran while it was under way (a count, not a time: a loaded
+     * machine may stall the loop now and then, it cannot fake this) */
+    assert_true(t.ticks_registering >= 3);
     event_free(t.ev);
     rxe_close_conn(c);
     rxe_server_close(&s);
