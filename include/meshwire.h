@@ -436,6 +436,14 @@ typedef struct mw_listener mw_listener_t;
 #define MW_ACK_TIMEOUT_PATH UINT_MAX
 
 /** Connection options; start from mw_conn_opts_init(). */
+/** The path a connection's data takes. */
+typedef enum mw_transport {
+    MW_TRANSPORT_AUTO = 0,    /**< option: the same-host path when the peer
+                                   is a process of this host, else RDMA */
+    MW_TRANSPORT_RDMA = 1,    /**< the RDMA device, whoever the peer is */
+    MW_TRANSPORT_LOCAL = 2,   /**< (stats only) the same-host path */
+} mw_transport_t;
+
 typedef struct mw_conn_opts {
     unsigned timeout_ms;      /**< each setup step and the close; default 5000 */
     unsigned credits;         /**< receive slots: messages (and writes with
@@ -525,6 +533,38 @@ typedef struct mw_conn_opts {
                                    at once ("busy": the client may retry)
                                    and counted as rejected.  Default 64,
                                    1..65536 */
+    mw_transport_t transport; /**< MW_TRANSPORT_AUTO (default) or
+                                   MW_TRANSPORT_RDMA; the environment's
+                                   MW_TRANSPORT=rdma forces RDMA for every
+                                   connection (MW_TRANSPORT=auto: as the
+                                   option says; another value fails
+                                   mw_connect and mw_listen -EINVAL).
+                                   Both ends must allow the same-host path
+                                   for a connection to take it.
+
+                                   The same-host path: when both processes
+                                   run on one host -- the same boot, network
+                                   and pid namespaces, and user, and the
+                                   kernel allows cross-memory attach (Yama's
+                                   ptrace_scope 0, or CAP_SYS_PTRACE) -- and
+                                   the peer's address is one of this host's,
+                                   the connection is made over rdma_cm as
+                                   ever (its queue pair stays: exports
+                                   register on it, its events fail it), but
+                                   its data goes through a unix socket
+                                   between the two: messages and payloads up
+                                   to 4 KiB in the socket, larger ones moved
+                                   once by cross-memory attach (the side
+                                   that owns the target memory copies, after
+                                   checking the key and bounds against its
+                                   exports as a device would).  Everything
+                                   above keeps its promises: order, flow
+                                   control, deadlines, cancels, a failed
+                                   access failing -EACCES.  One-sided work
+                                   then costs the target's loop the copy:
+                                   it moves while the target runs its loop.
+                                   A peer process that dies closes the
+                                   socket: its connections fail at once. */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */
@@ -828,6 +868,8 @@ typedef struct mw_conn_stats {
     uint64_t ack_timeout_us;  /**< what the queue pair runs (queried from the
                                    device): the ACK timeout, 0 = none */
     unsigned retry_count, rnr_retry;   /**< and its retry counts */
+    mw_transport_t transport; /**< MW_TRANSPORT_RDMA or MW_TRANSPORT_LOCAL
+                                   (the same-host path: see mw_conn_opts_t) */
 } mw_conn_stats_t;
 MW_EXTERN int mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 

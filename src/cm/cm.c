@@ -176,6 +176,7 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
         mw__listener_free(mw__container_of(cm->listeners.next, struct mw__listener, link));
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
+    mw__local_free(ctx, cm);
     mw__unwatch_fd(ctx, cm->ch->fd);
     event_free(cm->ev);
     if (cm->sync_ev)

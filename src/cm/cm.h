@@ -25,6 +25,8 @@ struct mw__op;
 enum mw__cm_kind { MW__CM_LISTENER = 1, MW__CM_CONN };
 
 struct mw__nic;
+struct mw__lqp;
+struct mw__local;
 
 struct mw__cm {
     struct rdma_event_channel *ch;
@@ -36,6 +38,7 @@ struct mw__cm {
     struct mw__list listeners;
     struct event *sync_ev;        /* after a device removal: librdmacm syncs */
     int sync_left;
+    struct mw__local *local;      /* the same-host socket, once needed (local.c) */
 };
 
 enum mw__conn_state {
@@ -165,6 +168,9 @@ struct mw__conn {
     struct rdma_cm_id *id;
     struct mw__dev *dev;
     struct mw__pd *pd;            /* its own: its keys work on no other QP */
+    struct mw__lqp *lqp;          /* the same-host path: posts go here, not
+                                     to the QP (local.c) */
+    uint64_t local_token;         /* passive, same-host: names it to the peer */
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
     void (*timer_fn)(struct mw__conn *c);
@@ -266,6 +272,26 @@ static inline void mw__conn_send_completed(struct mw__conn *c, unsigned n)
         mw__conn_peer_left_settle(c);
 }
 
+/* mw__conn_post_send() / mw__conn_post_recv() - post on @c's queue pair,
+ * or its local one (the same-host path): as ibv_post_send/ibv_post_recv. */
+int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+
+/* local.c: the same-host path.  mw__local_transport() applies MW_TRANSPORT
+ * to options (-EINVAL: a value it does not know).  The connecting side
+ * offers it (mw__local_offer, before its receives are posted) and, once
+ * established, takes or gives up what the peer answered
+ * (mw__local_established); the accepting side takes an offer
+ * (mw__local_take, once the peer's hello is in).  mw__local_hello() puts
+ * the offer or answer in a handshake.  0 or -errno (with @why). */
+uint64_t mw__host_identity(void);
+int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o);
+int mw__local_offer(struct mw__conn *c);
+int mw__local_take(struct mw__conn *c);
+void mw__local_hello(const struct mw__conn *c, struct mw__hello *h);
+int mw__local_established(struct mw__conn *c, char *why, size_t cap);
+void mw__local_free(mw_ctx_t *ctx, struct mw__cm *cm);
+
 /* cm.c */
 struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
 /* mw__cm_nics() - the local RDMA-backed addresses (listing them opens every
@@ -302,7 +328,8 @@ void mw__conn_hand_over(struct mw__conn *c);
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
 void mw__connect_device_ready(struct mw__conn *c, int err);   /* connect.c */
 void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */
-void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p);
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_ANSWER_LEN],
+                    struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
 void mw__conn_established(struct mw__conn *c);
 void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
@@ -317,6 +344,9 @@ void mw__conn_maybe_finish(struct mw__conn *c);
 void mw__conn_drop_attempt(struct mw__conn *c);    /* active: forget a failed try */
 /* rdma.c: the registrations of mw_mem_export go with the QP */
 void mw__rdma_drop_exports(struct mw__conn *c);
+/* mw__rdma_export_covers() - whether an export of @c standing under @rkey
+ * covers [addr, addr+len): the same-host path's key check. */
+bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t addr, uint64_t len);
 void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
 
@@ -377,6 +407,9 @@ int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *defe
 int mw__msg_return_credits(struct mw__conn *c);    /* a credit-only fragment */
 void mw__recv_fail_all(struct mw__conn *c, int err, const char *why);
 int mw__msg_post_recvs(struct mw__conn *c);
+/* mw__msg_repost_recvs() - the receives kept for a same-host path the
+ * peer declined, posted on the queue pair. */
+int mw__msg_repost_recvs(struct mw__conn *c);
 void mw__msg_free_buffers(struct mw__conn *c);
 /* Established: take what arrived before (on the next loop turn, so an
  * accepted connection is handed over first). */

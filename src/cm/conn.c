@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
+#include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/check.h"
@@ -86,7 +87,8 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
         o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
         o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 7 ||
-        o->rnr_retry > 6)
+        o->rnr_retry > 6 ||
+        (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA))
         return -EINVAL;
     return 0;
 }
@@ -138,6 +140,8 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
         return rc;
     if (!o.keepalive_ms)
         o.keepalive_ms = o.timeout_ms;
+    if ((rc = mw__local_transport(ctx, &o)) < 0)
+        return rc;
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
     if (!cm)
         return rc;
@@ -154,6 +158,7 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     c->owner = MW__OWNER_PENDING;
     c->state = side == MW__SIDE_ACTIVE ? MW__CONN_RESOLVING_ADDR : MW__CONN_ACCEPTING;
     c->opts = o;
+    c->stats.transport = MW_TRANSPORT_RDMA;
     c->finish_task.fn = finish_task;
     mw__list_init(&c->queue);
     mw__list_init(&c->recv_waiters);
@@ -246,6 +251,13 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
         return rc;
     if ((rc = set_ack_timeout(c, why, cap)) < 0)
         return rc;
+    /* the receives go where the data will come: the same-host path, if
+     * offered or taken */
+    rc = c->side == MW__SIDE_ACTIVE ? mw__local_offer(c) : mw__local_take(c);
+    if (rc < 0) {
+        snprintf(why, cap, "cannot set up the same-host path: %s", mw_strerror(rc));
+        return rc;
+    }
     if ((rc = mw__msg_post_recvs(c)) < 0)
         snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
                  c->opts.credits, c->opts.slot_size, c->dev->name, mw_strerror(rc));
@@ -269,7 +281,8 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
  * too, and keepalive.c notices a silent peer then.  Read depths: ours,
  * within what the device allows; accepting, also within what the peer
  * asked for and serves. */
-void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct rdma_conn_param *p)
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_ANSWER_LEN],
+                    struct rdma_conn_param *p)
 {
     bool passive = c->side == MW__SIDE_PASSIVE;
     struct mw__hello h = {
@@ -280,7 +293,8 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN], struct 
         .slot_size = c->opts.slot_size,
         .max_msg = c->opts.max_msg_size,
     };
-    int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
+    mw__local_hello(c, &h);
+    int len = mw__hello_encode(&h, pd, MW__HELLO_ANSWER_LEN);
     *p = (struct rdma_conn_param){
         .private_data = pd, .private_data_len = (uint8_t)len,
         .responder_resources = rd_atoms(c->dev->attr.max_qp_rd_atom,
@@ -305,6 +319,16 @@ int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, con
     c->max_frag = slot - MW__FRAG_HDR_LEN;
     c->stats.peer_max_msg = c->peer.max_msg;
     return 0;
+}
+
+int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return c->lqp ? mw__lqp_post_send(c->lqp, wr, bad) : ibv_post_send(c->id->qp, wr, bad);
+}
+
+int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return c->lqp ? mw__lqp_post_recv(c->lqp, wr, bad) : ibv_post_recv(c->id->qp, wr, bad);
 }
 
 /* --- timers -------------------------------------------------------------- */
@@ -393,9 +417,10 @@ void mw__conn_established(struct mw__conn *c)
     }
     mw__conn_set_state(c, MW__CONN_ESTABLISHED);
     mw__msg_established(c);
-    MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s (credits %u, fragment %u bytes, "
+    MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s%s (credits %u, fragment %u bytes, "
            "%u reads in flight, ACK timeout %llu us, retries %u)", c->stats.local,
-           c->stats.remote, c->stats.device, c->nsend, c->max_frag, c->max_reads,
+           c->stats.remote, c->stats.device, c->lqp ? ", data over the same-host path" : "",
+           c->nsend, c->max_frag, c->max_reads,
            (unsigned long long)c->stats.ack_timeout_us, c->stats.retry_count);
     mw__conn_pump(c);
 }
@@ -422,6 +447,8 @@ static void disconnect(struct mw__conn *c)
     /* Moves the QP to the error state: everything posted comes back as a
      * flush, and the final teardown waits for exactly that. */
     rdma_disconnect(c->id);
+    if (c->lqp)                   /* the same: and its socket closes */
+        mw__lqp_error(c->lqp);
 }
 
 void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
@@ -481,6 +508,8 @@ void mw__conn_on_disconnected(struct mw__conn *c)
      * them first, so they count, and only then fail what remains. */
     if (c->dev)
         mw__cq_drain_now(c->dev->cq);
+    if (c->lqp)                   /* the same for the same-host path */
+        mw__lqp_take_now(c->lqp);
     if (c->state == MW__CONN_FREED || c->peer_left)
         return;
     if (c->nearly)
@@ -527,6 +556,8 @@ static void release_handle(struct mw__conn *c)
  * instead of reaching them).  Again is a no-op. */
 static void release_qp(struct mw__conn *c)
 {
+    mw__lqp_free(c->lqp);
+    c->lqp = NULL;
     if (c->id && c->id->qp)
         rdma_destroy_qp(c->id);
     mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */

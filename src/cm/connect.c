@@ -139,7 +139,7 @@ static void on_route_resolved(struct mw__conn *c)
         attempt_failed(c, rc, "%s", why);
         return;
     }
-    uint8_t pd[MW__HELLO_LEN];
+    uint8_t pd[MW__HELLO_ANSWER_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
     mw__conn_set_state(c, MW__CONN_CONNECTING);
@@ -163,6 +163,12 @@ static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
     if (mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                  ev->param.conn.private_data_len, &why) < 0) {
         mw__conn_fail(c, -EPROTO, "%s is not a meshwire peer: %s", c->stats.remote, why);
+        return;
+    }
+    char buf[160];
+    int rc = mw__local_established(c, buf, sizeof buf);
+    if (rc < 0) {
+        mw__conn_fail(c, rc, "%s", buf);
         return;
     }
     mw__conn_established(c);

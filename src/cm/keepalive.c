@@ -44,7 +44,7 @@ static void send_probe(struct mw__conn *c)
         return;
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .opcode = IBV_WR_RDMA_WRITE,
                              .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (ibv_post_send(c->id->qp, &wr, &bad)) {
+    if (mw__conn_post_send(c, &wr, &bad)) {
         mw__op_put(c->ctx, op);
         return;
     }

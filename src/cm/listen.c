@@ -44,7 +44,7 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     else
         mw_conn_opts_init(&o);
     int rc = mw__conn_opts_check(&o);
-    if (rc < 0)
+    if (rc < 0 || (rc = mw__local_transport(ctx, &o)) < 0)
         return rc;
     struct sockaddr_storage sa;
     rc = parse_listen_addr(addr, (uint16_t)o.default_port, &sa);
@@ -171,7 +171,7 @@ static int answer(struct mw__conn *c, const char **why, char *buf, size_t cap)
     *why = buf;
     if ((rc = mw__conn_setup_qp(c, buf, cap)) < 0)
         return rc == -EINPROGRESS ? 0 : rc;   /* mw__accept_device_ready goes on */
-    uint8_t pd[MW__HELLO_LEN];
+    uint8_t pd[MW__HELLO_ANSWER_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
     *why = "rdma_accept failed";

@@ -29,7 +29,7 @@ static int post_recv(struct mw__conn *c, unsigned i)
     if (rc < 0)
         return rc;
     struct ibv_recv_wr wr = {.wr_id = s->op->wr_id, .sg_list = &sge, .num_sge = 1}, *bad;
-    if ((rc = ibv_post_recv(c->id->qp, &wr, &bad)))
+    if ((rc = mw__conn_post_recv(c, &wr, &bad)))
         return -rc;
     s->posted = true;
     c->wr_out++;
@@ -53,6 +53,21 @@ int mw__msg_post_recvs(struct mw__conn *c)
         if (!(s->op = mw__op_get(c->ctx, on_recv, NULL, c)))
             return -ENOMEM;
         s->op->u64[0] = i;
+        int rc = post_recv(c, i);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int mw__msg_repost_recvs(struct mw__conn *c)
+{
+    for (unsigned i = 0; i < c->opts.credits; i++) {
+        struct mw__recv_slot *s = &c->slots[i];
+        if (!s->posted)
+            continue;
+        c->wr_out--;              /* posted again, counted again */
+        c->recv_out--;
         int rc = post_recv(c, i);
         if (rc < 0)
             return rc;

@@ -88,6 +88,15 @@ void mw__rdma_drop_exports(struct mw__conn *c)
     }
 }
 
+bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t addr, uint64_t len)
+{
+    for (const struct mw__conn_export *x = c->exports; x; x = x->next)
+        if (x->e.mr && x->e.rkey == rkey && addr >= x->e.start && addr <= x->e.end &&
+            len <= x->e.end - addr)
+            return true;          /* standing: withdrawn ones have no mr */
+    return false;
+}
+
 #define CHAIN_MAX 16              /* work requests per doorbell */
 #define XFER_WINDOW 128           /* requests of one transfer in flight (< 256) */
 
@@ -211,7 +220,7 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     /* a read's bytes move later; a small post's time is the call's */
     bool timed = r->opcode != IBV_WR_RDMA_READ && mw__dev_post_timed(bytes);
     uint64_t t0 = timed ? mw__now_ns() : 0;
-    int rc = -ibv_post_send(c->id->qp, wr, &bad);
+    int rc = -mw__conn_post_send(c, wr, &bad);
     unsigned took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
     if (rc == 0 && timed)
         mw__dev_post_cost(c->dev, bytes, mw__now_ns() - t0);

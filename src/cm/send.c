@@ -43,7 +43,7 @@ static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr
     int rc = mw__mem_keys(c->ctx, c->pd, buf, sge.length, &sge.lkey);
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .sg_list = &sge, .num_sge = 1,
                              .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (rc == 0 && (rc = -ibv_post_send(c->id->qp, &wr, &bad)) == 0) {
+    if (rc == 0 && (rc = -mw__conn_post_send(c, &wr, &bad)) == 0) {
         c->credits_owed -= give;
         c->send_credits--;
         c->wr_out++;

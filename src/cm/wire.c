@@ -58,7 +58,8 @@ static int refuse(const char **why, const char *reason)
 
 int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
 {
-    if (cap < MW__HELLO_LEN)
+    bool answer = h->flags & MW__HELLO_LOCAL && h->token;
+    if (cap < (answer ? MW__HELLO_ANSWER_LEN : MW__HELLO_LEN))
         return -ENOSPC;
     put32(buf + 0, h->magic);
     buf[4] = h->version;
@@ -71,7 +72,12 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
     put32(buf + 28, h->rank);
     put32(buf + 32, h->nranks);
     put64(buf + 36, h->max_msg);
-    return MW__HELLO_LEN;
+    put64(buf + 44, h->host);
+    if (!answer)
+        return MW__HELLO_LEN;
+    put64(buf + 52, h->nonce);
+    put64(buf + 60, h->token);
+    return MW__HELLO_ANSWER_LEN;
 }
 
 static void hello_read(const uint8_t *p, struct mw__hello *h)
@@ -87,6 +93,8 @@ static void hello_read(const uint8_t *p, struct mw__hello *h)
     h->rank = get32(p + 28);
     h->nranks = get32(p + 32);
     h->max_msg = get64(p + 36);
+    h->host = get64(p + 44);
+    h->nonce = h->token = 0;
 }
 
 /* Who the peer wants to be: a lone connection or a member of a group. */
@@ -126,6 +134,8 @@ static const char *hello_check(const struct mw__hello *h)
         return "slot size out of range";
     if (h->max_msg < 1 || h->max_msg > MW__MSG_MAX)
         return "max message size out of range";
+    if (h->flags & MW__HELLO_LOCAL && !h->host)
+        return "same-host offer without a host";
     return purpose_check(h);
 }
 
@@ -144,7 +154,13 @@ int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const c
     const char *bad = hello_check(out);
     if (bad)
         return refuse(why, bad);
-    if (!all_zero(p + MW__HELLO_LEN, len - MW__HELLO_LEN))
+    size_t end = MW__HELLO_LEN;
+    if (out->flags & MW__HELLO_LOCAL && len >= MW__HELLO_ANSWER_LEN) {
+        out->nonce = get64(p + 52);
+        out->token = get64(p + 60);
+        end = MW__HELLO_ANSWER_LEN;
+    }
+    if (!all_zero(p + end, len - end))
         return refuse(why, "non-zero bytes after handshake");
     return 0;
 }

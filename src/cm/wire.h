@@ -22,13 +22,22 @@
  *     5   1  purpose          28   4  rank
  *     6   2  flags            32   4  nranks
  *     8   4  credits          36   8  max_msg
- *    12   4  slot_size        44      end
+ *    12   4  slot_size        44   8  host
+ *                             52      end
+ *
+ * With flag LOCAL, host is the sender's host identity (local.c): the
+ * connecting side offers the same-host path, the accepting side takes it.
+ * The accepting side's answer then goes on (rdma_accept allows 196 bytes):
+ *
+ *    52   8  nonce (names its unix socket)   60   8  token   68  end
  * ------------------------------------------------------------------------ */
 
 #define MW__HELLO_MAGIC 0x4d574952u /* "MWIR" */
-#define MW__HELLO_VERSION 3   /* 2: DISCARD fragments; 3: max_msg */
-#define MW__HELLO_LEN 44
-#define MW__PRIVATE_DATA_MAX 56 /* rdma_connect/rdma_accept on RC */
+#define MW__HELLO_VERSION 4   /* 2: DISCARD fragments; 3: max_msg; 4: host */
+#define MW__HELLO_LEN 52
+#define MW__HELLO_ANSWER_LEN 68  /* with the same-host answer */
+#define MW__PRIVATE_DATA_MAX 56 /* rdma_connect on RC */
+#define MW__HELLO_LOCAL 1u    /* flags: the same-host path */
 
 enum { MW__PURPOSE_P2P = 1, MW__PURPOSE_COMM = 2 };
 
@@ -53,12 +62,15 @@ struct mw__hello {
     uint32_t rank;      /* COMM only: rank < nranks */
     uint32_t nranks;    /* COMM only: >= 1.  P2P: group, rank, nranks are 0 */
     uint64_t max_msg;   /* the largest message the sender accepts, 1..MW__MSG_MAX */
+    uint64_t host;      /* LOCAL: the sender's host identity, non-zero */
+    uint64_t nonce, token;  /* LOCAL, answering: its socket and this connection */
 };
 
 /**
  * mw__hello_encode() - write @h into @buf.  Does not validate @h (the peer's
  * decoder is the one judge; tests use this to build bad handshakes).
- * Return: MW__HELLO_LEN, or -ENOSPC when @cap is smaller.
+ * Return: MW__HELLO_LEN, MW__HELLO_ANSWER_LEN when @h is a same-host answer
+ * (LOCAL with a token), or -ENOSPC when @cap is smaller.
  */
 int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap);
 
@@ -74,7 +86,10 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap);
  *        "bad purpose", "credits out of range", "slot size out of range",
  *        "max message size out of range",
  *        "rank out of range", "group or rank set for p2p",
+ *        "same-host offer without a host",
  *        "non-zero bytes after handshake"), to NULL on success.
+ *        A LOCAL hello of MW__HELLO_ANSWER_LEN bytes or more carries the
+ *        answer (nonce, token); else they are 0.
  * Return: 0, or -EPROTO.
  */
 int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const char **why);

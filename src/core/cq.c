@@ -12,7 +12,7 @@
 
 #define POLL_BATCH 32
 
-static void dispatch(mw_ctx_t *ctx, const struct ibv_wc *wc, int n)
+void mw__cq_dispatch(mw_ctx_t *ctx, const struct ibv_wc *wc, int n)
 {
     for (int i = 0; i < n; i++) {
         ctx->stats.completions++;
@@ -70,7 +70,7 @@ static bool drain(struct mw__cq *cq, unsigned *budget)
             mw__cq_fail(cq, "polling", n);
             return true;
         }
-        dispatch(ctx, wc, n);
+        mw__cq_dispatch(ctx, wc, n);
         *budget -= (unsigned)n;
         if (n == want)
             continue;

@@ -67,6 +67,11 @@ void mw__cq_drain_now(struct mw__cq *cq);
 int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp);
 void mw__cq_close(struct mw__cq *cq);
 
+/* mw__cq_dispatch() - hand @n completions to the operations that posted
+ * them, counted in the context's stats (a CQ's poll, or completions made
+ * up by a transport without a device: cm/lqp.c). */
+void mw__cq_dispatch(mw_ctx_t *ctx, const struct ibv_wc *wc, int n);
+
 /* mw__wc_errno() - a negative errno for a failed work completion. */
 int mw__wc_errno(enum ibv_wc_status status);
 

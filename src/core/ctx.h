@@ -76,6 +76,9 @@ struct mw_ctx {
 int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv);
 int mw__watch_fd(mw_ctx_t *ctx, int fd);
 void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
+/* mw__watch_fd_out() - whether mw_ctx_fd() also wakes when watched @fd
+ * can be written (a socket whose output waits for room). */
+void mw__watch_fd_out(mw_ctx_t *ctx, int fd, bool out);
 /* mw__on_loop_thread() - is the caller the context's loop thread? */
 bool mw__on_loop_thread(const mw_ctx_t *ctx);
 /* mw__loop_thread() - that thread as handles record their owner. */

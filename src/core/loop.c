@@ -228,6 +228,14 @@ void mw__unwatch_fd(mw_ctx_t *ctx, int fd)
     }
 }
 
+void mw__watch_fd_out(mw_ctx_t *ctx, int fd, bool out)
+{
+    struct mw__loop *l = ctx->loop;
+    struct epoll_event e = {.events = EPOLLIN | (out ? EPOLLOUT : 0), .data.fd = fd};
+    if (l && l->epfd >= 0)
+        epoll_ctl(l->epfd, EPOLL_CTL_MOD, fd, &e);
+}
+
 int mw_ctx_fd(mw_ctx_t *ctx)
 {
     if (!ctx || !ctx->own_base)

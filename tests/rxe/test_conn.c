@@ -320,6 +320,74 @@ static void pair_drop_broken(struct pair *p)
     pair_teardown((void **)&p);
 }
 
+/* The path the suite runs on: MW_TRANSPORT=rdma, or the same-host path
+ * (every connection of this suite is between processes of one host). */
+static mw_transport_t expected_path(void)
+{
+    const char *t = getenv("MW_TRANSPORT");
+    return t && !strcmp(t, "rdma") ? MW_TRANSPORT_RDMA : MW_TRANSPORT_LOCAL;
+}
+
+static mw_transport_t path_of(mw_conn_t *c)
+{
+    mw_conn_stats_t st;
+    assert_int_equal(mw_conn_stats(c, &st), 0);
+    return st.transport;
+}
+
+/* Each end reports the path its data takes: the same-host one unless the
+ * environment or either end's option asks for the device -- the
+ * connecting side's offer declined by the listener keeps its receives for
+ * the queue pair, and messages and one-sided work cross either way.
+ * Another value of the option is refused at once. */
+static void transport_follows_the_host_and_the_options(void **state)
+{
+    (void)state;
+    const char *ways[] = {"defaults", "listener asks for RDMA", "connector asks for RDMA"};
+    for (int k = 0; k < 3; k++) {
+        mw_ctx_t *ctx;
+        assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+        mw_conn_opts_t rdma;
+        mw_conn_opts_init(&rdma);
+        rdma.transport = MW_TRANSPORT_RDMA;
+        struct rxe_server s;
+        rxe_server_start(&s, ctx, addrs[1], k == 1 ? &rdma : NULL);
+        mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, k == 2 ? &rdma : NULL);
+        rxe_wait_accepted(&s, 1);
+        mw_transport_t want = k ? MW_TRANSPORT_RDMA : expected_path();
+        printf("%s: %s both ends\n", ways[k], path_of(c) == MW_TRANSPORT_LOCAL ? "same-host path"
+                                                                              : "RDMA");
+        assert_int_equal(path_of(c), want);
+        assert_int_equal(path_of(s.conns[0]), want);
+        rxe_round_trip(c, s.conns[0]);
+        rxe_round_trip(s.conns[0], c);
+        uint8_t *dst = mw_alloc(ctx, 1 << 20), *src = mw_alloc(ctx, 1 << 20);
+        memset(src, 0x3c, 1 << 20);
+        mw_remote_t r;
+        assert_int_equal(mw_mem_export(s.conns[0], dst, 1 << 20, &r), 0);
+        mw_future_t *f = mw_write(c, src, 1 << 20, &r, 0);
+        assert_int_equal(mw_wait(f), 0);
+        mw_future_unref(f);
+        assert_memory_equal(dst, src, 1 << 20);
+        mw_free(ctx, dst);
+        mw_free(ctx, src);
+        rxe_close_conn(c);
+        rxe_server_close(&s);
+        mw_ctx_free(ctx);
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_conn_opts_t bad;
+    mw_conn_opts_init(&bad);
+    bad.transport = MW_TRANSPORT_LOCAL;           /* stats only: not an option */
+    mw_listener_t *l;
+    assert_int_equal(mw_listen(ctx, addrs[1], &bad, rxe_keep_first, NULL, &l), -EINVAL);
+    mw_future_t *f = mw_connect(ctx, addrs[1], &bad);
+    assert_int_equal(mw_wait(f), -EINVAL);
+    mw_future_unref(f);
+    mw_ctx_free(ctx);
+}
+
 /* A peer that ignores the bounds it was given (a forged mw_remote_t, as a
  * peer with its own verbs could send) is stopped by the remote side: the
  * export is a registration of exactly its range, so memory next to it,
@@ -395,6 +463,11 @@ static void keys_work_only_on_their_connection(void **state)
         mw_remote_t r;
         assert_int_equal(mw_mem_export(p->p, page, 4096, &r), 0);   /* for p->c only */
         mw_future_t *f = k == 1 ? mw_read(a, asrc, 4096, &r, 0) : mw_write(a, asrc, 4096, &r, 0);
+        /* on the same-host path the target's loop checks the key: turn both */
+        for (int i = 0; other && mw_future_state(f) == MW_FUTURE_PENDING && i < 1000; i++) {
+            loop_for(other, 5);
+            loop_for(p->ctx, 5);
+        }
         int rc = mw_wait(f);
         printf("descriptor of another connection (%s): %s (%s)\n", ways[k],
                rc ? mw_strerror(rc) : "DONE", mw_future_message(f));
@@ -870,6 +943,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(one_sided_bounds_are_checked_locally, pair_setup, pair_teardown),
         cmocka_unit_test(remote_side_enforces_the_export),
         cmocka_unit_test(withdrawn_exports_reach_nothing),
+        cmocka_unit_test(transport_follows_the_host_and_the_options),
         cmocka_unit_test(keys_work_only_on_their_connection),
         cmocka_unit_test_setup_teardown(graceful_close_finishes_pending_work, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(abort_fails_pending_work, pair_setup, pair_teardown),

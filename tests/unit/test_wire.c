@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
 #include <cmocka.h>
 
 #include "cm/wire.h"
@@ -57,6 +58,9 @@ static void assert_hello_eq(const struct mw__hello *a, const struct mw__hello *b
     assert_int_equal(a->rank, b->rank);
     assert_int_equal(a->nranks, b->nranks);
     assert_true(a->max_msg == b->max_msg);
+    assert_true(a->host == b->host);
+    assert_true(a->nonce == b->nonce);
+    assert_true(a->token == b->token);
 }
 
 /* Decode @h after encoding it into exactly @len bytes (zero padded). */
@@ -65,7 +69,9 @@ static int hello_rt(const struct mw__hello *h, size_t len, struct mw__hello *out
 {
     uint8_t raw[256] = {0};
     assert_true(len <= sizeof(raw));
-    assert_int_equal(mw__hello_encode(h, raw, sizeof(raw)), MW__HELLO_LEN);
+    bool answer = h->flags & MW__HELLO_LOCAL && h->token;
+    assert_int_equal(mw__hello_encode(h, raw, sizeof(raw)),
+                     answer ? MW__HELLO_ANSWER_LEN : MW__HELLO_LEN);
     uint8_t *p = exact(raw, len);
     int rc = mw__hello_decode(p, len, out, why);
     free(p);
@@ -84,8 +90,36 @@ static void expect_hello_refused(const struct mw__hello *h, const char *reason)
 static void hello_fits_private_data(void **state)
 {
     (void)state;
-    assert_true(MW__HELLO_LEN <= 56);
-    assert_int_equal(MW__HELLO_LEN, 44);
+    assert_true(MW__HELLO_LEN <= 56);           /* a connect request's */
+    assert_int_equal(MW__HELLO_LEN, 52);
+    assert_true(MW__HELLO_ANSWER_LEN <= 196);   /* an accept's */
+}
+
+/* The same-host offer and answer: a host is required with the flag; the
+ * answer (nonce, token) rides after the hello when there is room, and a
+ * request-sized hello with the flag reads as an offer. */
+static void hello_same_host_offer_and_answer(void **state)
+{
+    (void)state;
+    struct mw__hello h = good_hello(), out;
+    h.flags = MW__HELLO_LOCAL;
+    expect_hello_refused(&h, "same-host offer without a host");
+    h.host = 0x1122334455667788ull;
+    assert_int_equal(hello_rt(&h, 56, &out, NULL), 0);          /* the offer */
+    assert_hello_eq(&h, &out);
+    h.nonce = 0xaaaa;
+    h.token = 0xbbbb;
+    assert_int_equal(hello_rt(&h, 196, &out, NULL), 0);         /* the answer */
+    assert_hello_eq(&h, &out);
+    uint8_t b[MW__HELLO_ANSWER_LEN];
+    assert_int_equal(mw__hello_encode(&h, b, MW__HELLO_LEN), -ENOSPC);
+    assert_int_equal(mw__hello_encode(&h, b, sizeof b), MW__HELLO_ANSWER_LEN);
+    assert_int_equal(b[59], 0xaa);
+    assert_int_equal(b[67], 0xbb);
+    /* without the flag, bytes after the hello are refused as ever */
+    h.flags = 0;
+    b[7] = 0;
+    assert_int_equal(mw__hello_decode(b, sizeof b, &out, NULL), -EPROTO);
 }
 
 static void hello_round_trip(void **state)
@@ -100,7 +134,7 @@ static void hello_round_trip(void **state)
     struct mw__hello p2p = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                             .purpose = MW__PURPOSE_P2P, .flags = 0xffff,
                             .credits = MW__CREDITS_MAX, .slot_size = MW__SLOT_MAX,
-                            .cookie = UINT64_MAX, .max_msg = MW__MSG_MAX};
+                            .cookie = UINT64_MAX, .max_msg = MW__MSG_MAX, .host = 42};
     assert_int_equal(hello_rt(&p2p, MW__HELLO_LEN, &out, NULL), 0);
     assert_hello_eq(&p2p, &out);
 }
@@ -116,6 +150,7 @@ static void hello_layout_big_endian(void **state)
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
         0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 4,
         0, 0, 0, 1, 0, 0, 0, 2,
+        0, 0, 0, 0, 0, 0, 0, 0,
     };
     assert_int_equal(mw__hello_encode(&h, b, sizeof(b)), MW__HELLO_LEN);
     assert_memory_equal(b, want, sizeof(want));
@@ -591,6 +626,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hello_fits_private_data),
         cmocka_unit_test(hello_round_trip),
+        cmocka_unit_test(hello_same_host_offer_and_answer),
         cmocka_unit_test(hello_max_msg_range),
         cmocka_unit_test(hello_layout_big_endian),
         cmocka_unit_test(hello_encode_nospace),
