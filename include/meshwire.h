@@ -136,6 +136,8 @@ typedef struct mw_ctx_stats {
                                    posted, and so does every connect attempt
                                    a peer refuses (a communicator's ranks
                                    retry while the others start). */
+    uint64_t local_connections; /**< connections established on the
+                                   same-host path (mw_conn_opts_t.transport) */
 } mw_ctx_stats_t;
 
 /** mw_ctx_stats() - copy the context's counters into @out. */

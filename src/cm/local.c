@@ -154,7 +154,9 @@ static int on_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
-    if (err == -ECONNRESET)       /* as the peer's disconnect: what came counts */
+    if (err == -ECONNRESET && mw__conn_setting_up(c))
+        c->local_ended = true;    /* after establishment, as rdma_cm's order is */
+    else if (err == -ECONNRESET)  /* as the peer's disconnect: what came counts */
         mw__conn_on_disconnected(c);
     else
         mw__conn_fail(c, err, "same-host channel: %s", why);

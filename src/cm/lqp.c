@@ -296,6 +296,9 @@ static const char *answered(struct mw__lqp *q, uint64_t upto, bool failed,
 {
     if (upto < q->sq_done || upto - q->sq_done > q->sq.n || (failed && upto - q->sq_done == q->sq.n))
         return "an answer for requests never made";
+    if (failed && (status == IBV_WC_SUCCESS || status == IBV_WC_WR_FLUSH_ERR ||
+                   status > IBV_WC_GENERAL_ERR))
+        return "a failure without a failure status";
     struct ibv_wc wc[BATCH];
     int n = 0;
     while (q->sq_done < upto) {
@@ -561,6 +564,8 @@ int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting)
         rc = -errno;
     else if (cr.pid <= 0)
         rc = -ESRCH;              /* another pid namespace: no CMA */
+    else if (cr.uid != geteuid())
+        rc = -EPERM;              /* the handshake said same user: not this one */
     if (rc == 0 && !(q->rev = event_new(q->ctx->base, fd, EV_READ | EV_PERSIST, on_readable, q)))
         rc = -ENOMEM;
     if (rc == 0 && !(q->wev = event_new(q->ctx->base, fd, EV_WRITE | EV_PERSIST, on_readable, q)))

@@ -1,7 +1,11 @@
-/* Run on every node of the mesh at once: one rank per node, a communicator
- * over the direct-connect mesh (each pair on its own subnet) made the way a
- * launcher would (mw_comm_create_env with MW_RANK and MW_PEERS), then
- * allreduce, allgather and broadcast checked against local references. */
+/* Run on every node of the mesh at once: a communicator over the
+ * direct-connect mesh (each pair on its own subnet) made the way a launcher
+ * would (mw_comm_create_env with MW_RANK and MW_PEERS), then allreduce,
+ * allgather and broadcast checked against local references: with one rank
+ * per node, and with two (a mixed communicator: a rank reaches its sibling
+ * on the same-host path, the other nodes' ranks over RDMA). */
+#include <sys/wait.h>
+#include <unistd.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +22,7 @@
 #include "../rxe/rxe_util.h"
 
 #define PORT "7481"
+#define PORT2 "7491"                /* two ranks a node: 7491, 7492 */
 #define MAXN 16
 
 static int me, nodes;
@@ -38,22 +43,27 @@ static void wait_ok(mw_future_t *f, const char *what)
     mw_future_unref(f);
 }
 
-static void collectives_across_the_mesh(void **state)
+/* The collectives as rank @me of @nodes ranks (the globals, per process),
+ * @per_node ranks on each node: each node's address in MW_PEERS that many
+ * times (ranks on one address get consecutive ports).  Return the
+ * connections the context made on the same-host path. */
+static uint64_t run_collectives(int per_node)
 {
-    (void)state;
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    /* the runner's peer addresses, as a launcher would export them (on a
-     * host with real devices they are all the same: ranks then get
-     * consecutive ports) */
-    char peers[1024];
-    snprintf(peers, sizeof peers, "%s", getenv("MW_PEER_ADDRS"));
-    for (char *c = peers; *c; c++)
-        *c = *c == ',' ? ' ' : *c;
+    char peers[2048] = "", *save = NULL, list[1024];
+    snprintf(list, sizeof list, "%s", getenv("MW_PEER_ADDRS"));
+    for (char *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save))
+        for (int k = 0; k < per_node; k++)
+            snprintf(peers + strlen(peers), sizeof peers - strlen(peers), "%s%s",
+                     peers[0] ? " " : "", a);
+    char v[16];
     setenv("MW_PEERS", peers, 1);
-    setenv("MW_RANK", getenv("MW_NODE"), 1);
-    setenv("MW_WORLD_SIZE", getenv("MW_NODES"), 1);
-    setenv("MW_PORT", PORT, 1);
+    snprintf(v, sizeof v, "%d", me);
+    setenv("MW_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", nodes);
+    setenv("MW_WORLD_SIZE", v, 1);
+    setenv("MW_PORT", per_node == 1 ? PORT : PORT2, 1);
     mw_future_t *cf = mw_comm_create_env(ctx, NULL);
     mw_future_set_timeout(cf, 120000);
     if (mw_wait(cf))
@@ -93,8 +103,44 @@ static void collectives_across_the_mesh(void **state)
     printf("node%d: broadcast ok\n", me);
     wait_ok(mw_barrier(comm), "barrier");
     free(in), free(all), free(want), free(b), free(bwant);
+    mw_ctx_stats_t st;
+    mw_ctx_stats(ctx, &st);
     mw_comm_free(comm);
     mw_ctx_free(ctx);
+    return st.local_connections;
+}
+
+static void collectives_across_the_mesh(void **state)
+{
+    (void)state;
+    assert_int_equal(run_collectives(1), 0);     /* every peer on another node */
+}
+
+/* Two ranks per node: 2 x nodes ranks, node n's being 2n and 2n+1 (the
+ * second a child process).  Each rank reaches its sibling on the same-host
+ * path (one such connection; none with MW_TRANSPORT=rdma) and every other
+ * rank over RDMA, and the results are exact. */
+static void mixed_communicator_two_ranks_per_node(void **state)
+{
+    (void)state;
+    int node = me, world = 2 * nodes;
+    const char *t = getenv("MW_TRANSPORT");
+    uint64_t want = t && !strcmp(t, "rdma") ? 0 : 1;
+    pid_t child = fork();
+    assert_true(child >= 0);
+    me = 2 * node + (child == 0);
+    nodes = world;
+    uint64_t local = run_collectives(2);
+    printf("rank %d of %d (node%d): %llu connection(s) on the same-host path\n", me, world, node,
+           (unsigned long long)local);
+    if (child == 0)
+        _exit(local == want ? 0 : 3);             /* cmocka's failures exit non-zero too */
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    me = node;
+    nodes = world / 2;
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(local, want);
 }
 
 int main(void)
@@ -112,6 +158,7 @@ int main(void)
         return SKIP_EXIT;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(collectives_across_the_mesh),
+        cmocka_unit_test(mixed_communicator_two_ranks_per_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

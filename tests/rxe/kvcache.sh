@@ -1,6 +1,6 @@
 #!/bin/bash
 # The Python KV-cache example: prefill.py holds 1024 pages of 64 KiB;
-# decode.py serves 64 HTTP requests, 16 at a time, each pulling 64
+# decode.py serves 32 HTTP requests, 16 at a time, each pulling 64
 # scattered pages -- by RDMA reads, then (restarted) over HTTP, the
 # baseline -- and checks every byte of every page.  load.py fails on any
 # bad page or failed request.
@@ -23,7 +23,7 @@ for via in rdma http; do
         --http "127.0.0.1:$front" --via "$via" > >(tee "$log") 2>&1 & dec=$!
     retry 60 grep -q "HTTP on" "$log" || { echo "decode ($via) did not start"; exit 1; }
     echo -n "pages via $via: "
-    timeout 300 "$D/load.py" "http://127.0.0.1:$front" 64 16 || st=1
+    timeout 300 "$D/load.py" "http://127.0.0.1:$front" 32 16 || st=1
     kill $dec; wait $dec 2>/dev/null
     front=$((front + 1))
 done

@@ -264,8 +264,8 @@ static void closing_takes_what_already_came(void **state)
     assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
 }
 
-/* Raw records from a hostile peer: each violation ends the channel
- * -EPROTO, naming it; nothing is executed. */
+/* Raw records from a hostile peer (ours has one request out): each
+ * violation ends the channel -EPROTO, naming it; nothing is executed. */
 static void hostile_records_end_the_channel(void **state)
 {
     (void)state;
@@ -279,6 +279,7 @@ static void hostile_records_end_the_channel(void **state)
         {"a message with no receive posted (beyond its credits)", {1, 1}},
         {"an answer for requests never made", {4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                                0, 0, 0, 0, 0, 0, 0, 5}},
+        {"a failure without a failure status", {5}},
         {"a second greeting", {6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                0, 1}},
     };
@@ -290,6 +291,8 @@ static void hostile_records_end_the_channel(void **state)
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
         assert_int_equal(mw__lqp_new(ctx, &ops, &f.b, &f.b.q), 0);
         assert_int_equal(mw__lqp_attach(f.b.q, sv[1], 0), 0);
+        static uint8_t msg[8];
+        post(&f, &f.b, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* one request out */
         assert_int_equal(write(sv[0], cases[k].rec, 32), 32);
         run_until(&f, &f.b, 1);
         printf("%s: %s\n", cases[k].what, f.b.ended_why);
