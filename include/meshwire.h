@@ -565,8 +565,9 @@ typedef struct mw_conn_opts {
                                    access failing -EACCES.  One-sided work
                                    then costs the target's loop the copy:
                                    it moves while the target runs its loop.
-                                   A peer process that dies closes the
-                                   socket: its connections fail at once. */
+                                   A peer process that dies fails its
+                                   connections as on the device path (the
+                                   kernel disconnects what it held). */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */

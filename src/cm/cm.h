@@ -171,7 +171,6 @@ struct mw__conn {
     struct mw__lqp *lqp;          /* the same-host path: posts go here, not
                                      to the QP (local.c) */
     uint64_t local_token;         /* passive, same-host: names it to the peer */
-    bool local_ended;             /* its socket ended before establishment */
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
     void (*timer_fn)(struct mw__conn *c);

@@ -417,8 +417,6 @@ void mw__conn_established(struct mw__conn *c)
     }
     mw__conn_set_state(c, MW__CONN_ESTABLISHED);
     c->ctx->stats.local_connections += c->lqp != NULL;
-    if (c->local_ended)           /* a peer that left at once: next turn */
-        mw__conn_arm_timer_ms(c, mw__conn_on_disconnected, 0);
     mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s%s (credits %u, fragment %u bytes, "
            "%u reads in flight, ACK timeout %llu us, retries %u)", c->stats.local,

@@ -154,10 +154,14 @@ static int on_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
-    if (err == -ECONNRESET && mw__conn_setting_up(c))
-        c->local_ended = true;    /* after establishment, as rdma_cm's order is */
-    else if (err == -ECONNRESET)  /* as the peer's disconnect: what came counts */
-        mw__conn_on_disconnected(c);
+    /* The peer closed its end (it closed the connection, or its process
+     * ended): what it sent before is taken.  Its rdma_cm disconnect follows
+     * (the kernel sends it for a process that dies too), and the connection
+     * ends by that, as on the device path, in the same order and with the
+     * same grace for completions; the keepalive covers a peer whose
+     * disconnect never comes. */
+    if (err == -ECONNRESET)
+        MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %s", c->stats.remote, why);
     else
         mw__conn_fail(c, err, "same-host channel: %s", why);
 }

@@ -33,6 +33,7 @@
 #include <event2/event.h>
 
 #include "cm/lqp.h"
+#include "cm/wire.h"
 #include "core/alloc.h"
 #include "core/cq.h"
 #include "core/list.h"
@@ -129,43 +130,22 @@ static void fifo_unpop(struct fifo *f, const void *item)
     memcpy(fifo_at(f, 0), item, f->size);
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
 static void rec_encode(const struct rec *r, uint8_t b[REC_LEN])
 {
     memset(b, 0, REC_LEN);
     b[0] = r->type;
     b[1] = r->flags;
-    put32(b + 4, r->len);
-    put64(b + 8, r->addr);
-    put64(b + 16, r->arg);
-    put32(b + 24, r->rkey);
-    put32(b + 28, r->imm);
+    mw__put32(b + 4, r->len);
+    mw__put64(b + 8, r->addr);
+    mw__put64(b + 16, r->arg);
+    mw__put32(b + 24, r->rkey);
+    mw__put32(b + 28, r->imm);
 }
 
 static const char *rec_decode(const uint8_t b[REC_LEN], struct rec *r)
 {
-    *r = (struct rec){.type = b[0], .flags = b[1], .len = get32(b + 4), .addr = get64(b + 8),
-                      .arg = get64(b + 16), .rkey = get32(b + 24), .imm = get32(b + 28)};
+    *r = (struct rec){.type = b[0], .flags = b[1], .len = mw__get32(b + 4), .addr = mw__get64(b + 8),
+                      .arg = mw__get64(b + 16), .rkey = mw__get32(b + 24), .imm = mw__get32(b + 28)};
     if (r->type < REC_SEND || r->type > REC_HELLO)
         return "unknown record type";
     if (b[2] || b[3] || r->flags & ~(REC_INLINE | REC_IMM))
@@ -351,8 +331,8 @@ static enum ibv_wc_status take_payload(struct mw__lqp *q, const struct rec *r, v
     return IBV_WC_SUCCESS;
 }
 
-/* A receive for a message or an immediate; NULL when none is posted: the
- * peer sent beyond the credits it was given. */
+/* A receive for a message or an immediate; false when none is posted:
+ * the peer sent beyond the credits it was given. */
 static bool pop_recv(struct mw__lqp *q, struct rwr *out)
 {
     if (!q->rq.n)
@@ -507,9 +487,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         return;
     }
     ssize_t n = evbuffer_get_length(q->in) > READ_MAX ? 1 : read_some(q, READ_MAX);
+    bool broken = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
     take(q);
     flush_out(q);                 /* an answer came: room, perhaps */
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+    if (n == 0 || broken)
         ended(q, -ECONNRESET, n == 0 ? "the peer closed the same-host channel (its process "
                                        "closed the connection, or ended)"
                                      : "the same-host channel failed");
@@ -599,7 +580,7 @@ int mw__lqp_read_greeting(int fd, uint8_t buf[32], size_t *got, uint64_t *token)
             return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno == EINTR ? 0 : -ECONNRESET;
         *got += (size_t)n;
     }
-    struct rec r = {.type = buf[0], .arg = get64(buf + 16)};
+    struct rec r = {.type = buf[0], .arg = mw__get64(buf + 16)};
     for (int i = 1; i < REC_LEN; i++)
         if (i < 16 || i >= 24 ? buf[i] != 0 : false)
             return -EPROTO;

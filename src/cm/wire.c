@@ -9,41 +9,6 @@ _Static_assert(MW__HELLO_LEN <= MW__PRIVATE_DATA_MAX,
                "the handshake must fit RC private data");
 _Static_assert(MW__FRAG_HDR_LEN < MW__SLOT_MIN, "a slot must hold a header and payload");
 
-/* Big-endian stores and loads by shifts: independent of host byte order and
- * of the buffer's alignment. */
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    put16(p, (uint16_t)(v >> 16));
-    put16(p + 2, (uint16_t)v);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)((unsigned)p[0] << 8 | p[1]);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)get16(p) << 16 | get16(p + 2);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
 /* Set the reason (when wanted) and refuse. */
 static int refuse(const char **why, const char *reason)
 {
@@ -61,39 +26,39 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
     bool answer = h->flags & MW__HELLO_LOCAL && h->token;
     if (cap < (answer ? MW__HELLO_ANSWER_LEN : MW__HELLO_LEN))
         return -ENOSPC;
-    put32(buf + 0, h->magic);
+    mw__put32(buf + 0, h->magic);
     buf[4] = h->version;
     buf[5] = h->purpose;
-    put16(buf + 6, h->flags);
-    put32(buf + 8, h->credits);
-    put32(buf + 12, h->slot_size);
-    put64(buf + 16, h->cookie);
-    put32(buf + 24, h->group);
-    put32(buf + 28, h->rank);
-    put32(buf + 32, h->nranks);
-    put64(buf + 36, h->max_msg);
-    put64(buf + 44, h->host);
+    mw__put16(buf + 6, h->flags);
+    mw__put32(buf + 8, h->credits);
+    mw__put32(buf + 12, h->slot_size);
+    mw__put64(buf + 16, h->cookie);
+    mw__put32(buf + 24, h->group);
+    mw__put32(buf + 28, h->rank);
+    mw__put32(buf + 32, h->nranks);
+    mw__put64(buf + 36, h->max_msg);
+    mw__put64(buf + 44, h->host);
     if (!answer)
         return MW__HELLO_LEN;
-    put64(buf + 52, h->nonce);
-    put64(buf + 60, h->token);
+    mw__put64(buf + 52, h->nonce);
+    mw__put64(buf + 60, h->token);
     return MW__HELLO_ANSWER_LEN;
 }
 
 static void hello_read(const uint8_t *p, struct mw__hello *h)
 {
-    h->magic = get32(p + 0);
+    h->magic = mw__get32(p + 0);
     h->version = p[4];
     h->purpose = p[5];
-    h->flags = get16(p + 6);
-    h->credits = get32(p + 8);
-    h->slot_size = get32(p + 12);
-    h->cookie = get64(p + 16);
-    h->group = get32(p + 24);
-    h->rank = get32(p + 28);
-    h->nranks = get32(p + 32);
-    h->max_msg = get64(p + 36);
-    h->host = get64(p + 44);
+    h->flags = mw__get16(p + 6);
+    h->credits = mw__get32(p + 8);
+    h->slot_size = mw__get32(p + 12);
+    h->cookie = mw__get64(p + 16);
+    h->group = mw__get32(p + 24);
+    h->rank = mw__get32(p + 28);
+    h->nranks = mw__get32(p + 32);
+    h->max_msg = mw__get64(p + 36);
+    h->host = mw__get64(p + 44);
     h->nonce = h->token = 0;
 }
 
@@ -156,8 +121,8 @@ int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const c
         return refuse(why, bad);
     size_t end = MW__HELLO_LEN;
     if (out->flags & MW__HELLO_LOCAL && len >= MW__HELLO_ANSWER_LEN) {
-        out->nonce = get64(p + 52);
-        out->token = get64(p + 60);
+        out->nonce = mw__get64(p + 52);
+        out->token = mw__get64(p + 60);
         end = MW__HELLO_ANSWER_LEN;
     }
     if (!all_zero(p + end, len - end))
@@ -175,11 +140,11 @@ int mw__frag_encode(const struct mw__frag *f, uint8_t *buf, size_t cap)
         return -ENOSPC;
     buf[0] = f->type;
     buf[1] = f->flags;
-    put16(buf + 2, f->credits);
-    put32(buf + 4, f->len);
-    put64(buf + 8, f->msg_id);
-    put64(buf + 16, f->total);
-    put64(buf + 24, f->offset);
+    mw__put16(buf + 2, f->credits);
+    mw__put32(buf + 4, f->len);
+    mw__put64(buf + 8, f->msg_id);
+    mw__put64(buf + 16, f->total);
+    mw__put64(buf + 24, f->offset);
     return MW__FRAG_HDR_LEN;
 }
 
@@ -187,11 +152,11 @@ static void frag_read(const uint8_t *p, struct mw__frag *f)
 {
     f->type = p[0];
     f->flags = p[1];
-    f->credits = get16(p + 2);
-    f->len = get32(p + 4);
-    f->msg_id = get64(p + 8);
-    f->total = get64(p + 16);
-    f->offset = get64(p + 24);
+    f->credits = mw__get16(p + 2);
+    f->len = mw__get32(p + 4);
+    f->msg_id = mw__get64(p + 8);
+    f->total = mw__get64(p + 16);
+    f->offset = mw__get64(p + 24);
 }
 
 /* CREDIT, CLOSE and DISCARD carry only the header (credits may ride on any

@@ -179,6 +179,8 @@ int main(int argc, char **argv)
     nodes = atoi(getenv("MW_NODES"));
     if (nodes < 2 || nodes > MAXN)
         return SKIP_EXIT;
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(collectives_across_the_mesh),
         cmocka_unit_test(mixed_communicator_two_ranks_per_node),
