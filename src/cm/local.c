@@ -271,7 +271,7 @@ int mw__local_established(struct mw__conn *c, char *why, size_t cap)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int rc = fd < 0 ? -errno : connect(fd, (struct sockaddr *)&a, len) < 0 ? -errno : 0;
     if (rc == 0)
-        return mw__lqp_attach(c->lqp, fd, c->peer.token) < 0
+        return mw__lqp_attach(c->lqp, fd, c->peer.token, true) < 0
                    ? (snprintf(why, cap, "same-host channel: the peer's process is not "
                                          "visible here"), -ESRCH)
                    : 0;
@@ -323,7 +323,7 @@ static void on_greeting(evutil_socket_t fd, short what, void *arg)
         return;
     }
     greeting_free(cm, g, false);
-    if ((rc = mw__lqp_attach(c->lqp, (int)fd, 0)) < 0)
+    if ((rc = mw__lqp_attach(c->lqp, (int)fd, token, false)) < 0)
         mw__conn_fail(c, rc, "same-host channel: cannot take the peer's socket: %s",
                       mw_strerror(rc));
 }

@@ -82,6 +82,7 @@ struct mw__lqp {
     uint64_t sq_done;                 /* our requests answered so far */
     uint64_t served, acked;           /* the peer's requests executed / acked */
     bool refusing;                    /* we answered ERR: execute nothing more */
+    uint64_t awaited;                 /* the greeting the peer must answer with */
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
     bool draining;                /* meanwhile: completions wait in late */
@@ -434,8 +435,14 @@ static int take_records(struct mw__lqp *q)
         if (evbuffer_copyout(q->in, b, REC_LEN) < REC_LEN)
             break;
         const char *bad = rec_decode(b, &r);
-        if (bad || r.type == REC_HELLO) {
-            ended(q, -EPROTO, bad ? bad : "a second greeting");
+        if (!bad && r.type == REC_HELLO && q->awaited && r.arg == q->awaited) {
+            evbuffer_drain(q->in, REC_LEN);   /* the peer took the channel */
+            q->awaited = 0;
+            continue;
+        }
+        if (bad || r.type == REC_HELLO || q->awaited) {
+            ended(q, -EPROTO, bad ? bad : q->awaited ? "no answer to the greeting"
+                                                     : "a second greeting");
             return 0;
         }
         size_t inl = r.flags & REC_INLINE ? r.len : 0;
@@ -490,7 +497,9 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     bool broken = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
     take(q);
     flush_out(q);                 /* an answer came: room, perhaps */
-    if (n == 0 || broken)
+    if ((n == 0 || broken) && q->awaited)
+        ended(q, -ECONNREFUSED, "the peer did not take the same-host channel");
+    else if (n == 0 || broken)
         ended(q, -ECONNRESET, n == 0 ? "the peer closed the same-host channel (its process "
                                        "closed the connection, or ended)"
                                      : "the same-host channel failed");
@@ -532,7 +541,7 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, struct 
     return 0;
 }
 
-int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting)
+int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting, bool answered)
 {
     if (q->closing) {             /* failed before its socket came */
         close(fd);
@@ -559,6 +568,7 @@ int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting)
     }
     q->fd = fd;
     q->peer = cr.pid;
+    q->awaited = answered ? greeting : 0;
     if (greeting) {               /* first: before anything posted */
         uint8_t b[REC_LEN];
         rec_encode(&(struct rec){.type = REC_HELLO, .arg = greeting}, b);

@@ -24,6 +24,7 @@
 #ifndef MW_CM_LQP_H
 #define MW_CM_LQP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -37,8 +38,8 @@ struct mw__lqp_ops {
     /* Whether the peer may access [addr, addr+len) of this process under
      * @rkey: 0, or -EACCES. */
     int (*access)(void *arg, uint32_t rkey, uint64_t addr, uint64_t len);
-    /* The channel ended: the peer closed it or died (-ECONNRESET), or it
-     * broke the protocol (-EPROTO); @why says how.  Called from the loop,
+    /* The channel ended: the peer closed it or died (-ECONNRESET), never
+     * took it (-ECONNREFUSED), or broke the protocol (-EPROTO); @why says how.  Called from the loop,
      * once; what the peer sent before the end has been taken. */
     void (*ended)(void *arg, int err, const char *why);
 };
@@ -52,10 +53,14 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, struct 
 
 /* mw__lqp_attach() - carry @q over connected unix socket @fd (taken: closed
  * by mw__lqp_free, also on failure).  The peer's process is the socket's
- * (SO_PEERCRED).  A non-zero @greeting goes out first, before anything
- * posted (the connecting side names its connection with it).
- * 0, or -ESRCH (the peer's process is not visible here), -errno. */
-int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting);
+ * (SO_PEERCRED), of this user.  A non-zero @greeting goes out first, before
+ * anything posted: the connecting side names its connection with it, the
+ * accepting side answers with it.  @answered: the peer must answer with
+ * @greeting before anything else; its socket ending first ends the channel
+ * -ECONNREFUSED (the peer did not take it).
+ * 0, or -ESRCH (the peer's process is not visible here), -EPERM (another
+ * user's), -errno. */
+int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting, bool answered);
 
 /* mw__lqp_read_greeting() - a greeting at the start of @fd, read without
  * taking anything after it: 1 with *@token, 0 while incomplete (call again

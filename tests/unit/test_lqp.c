@@ -73,8 +73,8 @@ static int setup(void **state)
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
     assert_int_equal(mw__lqp_new(f->ctx, &ops, &f->a, &f->a.q), 0);
     assert_int_equal(mw__lqp_new(f->ctx, &ops, &f->b, &f->b.q), 0);
-    assert_int_equal(mw__lqp_attach(f->a.q, sv[0], 0), 0);
-    assert_int_equal(mw__lqp_attach(f->b.q, sv[1], 0), 0);
+    assert_int_equal(mw__lqp_attach(f->a.q, sv[0], 0, false), 0);
+    assert_int_equal(mw__lqp_attach(f->b.q, sv[1], 0, false), 0);
     assert_int_equal(mw__lqp_peer(f->a.q), getpid());
     f->b.memlen = 1 << 20;
     f->b.mem = calloc(1, f->b.memlen);
@@ -290,7 +290,7 @@ static void hostile_records_end_the_channel(void **state)
         int sv[2];
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
         assert_int_equal(mw__lqp_new(ctx, &ops, &f.b, &f.b.q), 0);
-        assert_int_equal(mw__lqp_attach(f.b.q, sv[1], 0), 0);
+        assert_int_equal(mw__lqp_attach(f.b.q, sv[1], 0, false), 0);
         static uint8_t msg[8];
         post(&f, &f.b, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* one request out */
         assert_int_equal(write(sv[0], cases[k].rec, 32), 32);
@@ -317,7 +317,7 @@ static void greeting_goes_first(void **state)
     assert_int_equal(mw__lqp_new(ctx, &ops, &f.a, &f.a.q), 0);
     static uint8_t msg[8] = "12345678";
     post(&f, &f.a, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* before the socket */
-    assert_int_equal(mw__lqp_attach(f.a.q, sv[0], 0x1234abcdull), 0);
+    assert_int_equal(mw__lqp_attach(f.a.q, sv[0], 0x1234abcdull, true), 0);
     uint8_t buf[32];
     size_t got = 0;
     uint64_t token = 0;
@@ -336,6 +336,30 @@ static void greeting_goes_first(void **state)
     mw__lqp_free(f.a.q);
     assert_int_equal(mw__lqp_read_greeting(sv[1], buf, &got, &token), -ECONNRESET);
     close(sv[1]);
+    /* the connecting side waits for the answer: a wrong one breaks the
+     * protocol, an end before it is a refusal, the right one is taken */
+    const struct { uint64_t answer; bool close; int err; } ways[] = {
+        {0x99, false, -EPROTO}, {0, true, -ECONNREFUSED}, {0x1234abcdull, false, 0}};
+    for (int k = 0; k < 3; k++) {
+        struct fx g = {.ctx = ctx};
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+        assert_int_equal(mw__lqp_new(ctx, &ops, &g.a, &g.a.q), 0);
+        assert_int_equal(mw__lqp_attach(g.a.q, sv[0], 0x1234abcdull, true), 0);
+        uint8_t ans[32] = {6};
+        for (int i = 0; i < 8; i++)
+            ans[16 + i] = (uint8_t)(ways[k].answer >> (56 - 8 * i));
+        if (ways[k].close)
+            close(sv[1]);
+        else
+            assert_int_equal(write(sv[1], ans, 32), 32);
+        spin(&g, 20);
+        printf("answer %#llx%s: %s\n", (unsigned long long)ways[k].answer,
+               ways[k].close ? " (closed instead)" : "", g.a.ended_err ? g.a.ended_why : "taken");
+        assert_int_equal(g.a.ended_err, ways[k].err);
+        mw__lqp_free(g.a.q);
+        if (!ways[k].close)
+            close(sv[1]);
+    }
     mw_ctx_free(ctx);
 }
 
