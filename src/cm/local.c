@@ -56,6 +56,15 @@ struct greeting {
     size_t got;
 };
 
+/* A random non-zero 64-bit value (a token, a socket's nonce). */
+static int random64(uint64_t *v)
+{
+    for (*v = 0; !*v;)
+        if (getrandom(v, sizeof *v, 0) != sizeof *v && errno != EINTR)
+            return -errno;
+    return 0;
+}
+
 /* --- who is on this host --------------------------------------------------- */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -224,8 +233,8 @@ int mw__local_take(struct mw__conn *c)
                mw_strerror(rc));
         return 0;
     }
-    while (!c->local_token && getrandom(&c->local_token, sizeof c->local_token, 0) < 0)
-        ;
+    if ((rc = random64(&c->local_token)) < 0)
+        return rc;
     return new_lqp(c);
 }
 
@@ -363,9 +372,11 @@ static int listen_here(mw_ctx_t *ctx, struct mw__cm *cm)
     mw__list_init(&l->pending);
     struct sockaddr_un a;
     socklen_t len;
-    int rc = 0;
-    while (!l->nonce && getrandom(&l->nonce, sizeof l->nonce, 0) < 0)
-        ;
+    int rc = random64(&l->nonce);
+    if (rc < 0) {
+        mw__free(l);
+        return rc;
+    }
     socket_name(l->nonce, &a, &len);
     l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (l->fd < 0 || bind(l->fd, (struct sockaddr *)&a, len) < 0 || listen(l->fd, 128) < 0)
