@@ -145,8 +145,9 @@ static void rec_encode(const struct rec *r, uint8_t b[REC_LEN])
 
 static const char *rec_decode(const uint8_t b[REC_LEN], struct rec *r)
 {
-    *r = (struct rec){.type = b[0], .flags = b[1], .len = mw__get32(b + 4), .addr = mw__get64(b + 8),
-                      .arg = mw__get64(b + 16), .rkey = mw__get32(b + 24), .imm = mw__get32(b + 28)};
+    *r = (struct rec){.type = b[0], .flags = b[1], .len = mw__get32(b + 4),
+                      .addr = mw__get64(b + 8), .arg = mw__get64(b + 16),
+                      .rkey = mw__get32(b + 24), .imm = mw__get32(b + 28)};
     if (r->type < REC_SEND || r->type > REC_HELLO)
         return "unknown record type";
     if (b[2] || b[3] || r->flags & ~(REC_INLINE | REC_IMM))
