@@ -704,6 +704,7 @@ void mw__conn_drop_attempt(struct mw__conn *c)
     if (!c->id)
         return;
     release_qp(c);
+    c->stats.transport = MW_TRANSPORT_RDMA;   /* the next address decides anew */
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);
     c->id = NULL;
