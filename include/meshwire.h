@@ -982,7 +982,12 @@ MW_EXTERN mw_future_t *mw_comm_create_env(mw_ctx_t *ctx, const mw_comm_opts_t *o
  *  -ECANCELED.  Peers still running a collective that needs this rank fail
  *  it, with a message naming this rank, and their communicator breaks.  To
  *  tear a job down cleanly, every rank waits for its collectives, then for
- *  a final mw_barrier(), then frees.
+ *  a final mw_barrier(), then frees.  Known limit: a peer breaks on any
+ *  rank's departure while a collective of its own still runs, even one
+ *  that needs nothing more from the departed rank -- after a final barrier
+ *  that is only its last step waiting on a third rank (under packet loss,
+ *  a resend): lingering on the loop a little (the mesh tests run it
+ *  1.5 s) before freeing avoids it.
  *  Return: 0 (also for NULL), or -ESTALE when already freed. */
 MW_EXTERN int mw_comm_free(mw_comm_t *comm);
 MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);
