@@ -628,6 +628,9 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_in_flight(ctx, comm);
         if (wait_ok(mw_barrier(comm), "final barrier"))
             failures++;
+        /* a peer may still be on its last step, waiting on a third rank:
+         * leaving at once would break it (meshwire.h, mw_comm_free) */
+        loop_for(ctx, 500);
     }
     mw_comm_free(comm);
     mw_ctx_free(ctx);
