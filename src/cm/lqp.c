@@ -512,15 +512,20 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
     take(arg);
 }
 
-void mw__lqp_take_now(struct mw__lqp *q)
+/* Read and take everything the socket holds now, and answer it. */
+static void drain_socket(struct mw__lqp *q)
 {
-    if (q->fd < 0 || q->ended || q->error)
-        return;
-    for (ssize_t n; (n = read_some(q, READ_MAX)) > 0;)
+    while (read_some(q, READ_MAX) > 0)
         take_records(q);
     take_records(q);
-    if (!q->error && !q->ended)
+    if (!q->ended && (!q->error || q->draining))
         ack(q);
+}
+
+void mw__lqp_take_now(struct mw__lqp *q)
+{
+    if (q->fd >= 0 && !q->ended && !q->error)
+        drain_socket(q);
 }
 
 /* --- life cycle and posting ------------------------------------------------ */
@@ -707,10 +712,7 @@ void mw__lqp_error(struct mw__lqp *q)
     q->closing = true;
     if (q->fd >= 0 && !q->ended) {
         q->draining = true;
-        for (ssize_t n; (n = read_some(q, READ_MAX)) > 0;)
-            take_records(q);
-        take_records(q);
-        ack(q);
+        drain_socket(q);
     }
     flush_out(q);                 /* our last answers, if the socket takes them */
     close_fd(q);
