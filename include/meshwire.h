@@ -1090,6 +1090,250 @@ MW_EXTERN mw_future_t *mw_scatter(mw_comm_t *comm, const void *in, void *out, si
 MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, size_t count,
                                    mw_dtype_t dt);
 
+/* ------------------------------------------------------------------------
+ * Directory: finding peers at run time through a store the cluster runs
+ * ------------------------------------------------------------------------
+ * A directory is a client of a key-value store -- Redis, through hiredis's
+ * asynchronous client on the context's own loop -- where processes
+ * publish themselves under names ("job/role/id") and others look them up,
+ * list a role, and are called when peers join or leave: no host file, no
+ * address handed around by hand.
+ *
+ * An entry holds its publisher's addresses (as mw_connect takes them), a
+ * random instance number (a new process publishing the same name is a new
+ * instance), a free-form tag, and the names and sizes of regions it
+ * shares.  It lives in the store under "PREFIX:NAME" with a lease
+ * (opts.lease_ms) the directory renews every third of it: a process that
+ * dies leaves its entry for at most one lease; mw_dir_unpublish() and
+ * mw_dir_free() remove it at once.  Names are 1-200 characters of
+ * [A-Za-z0-9._-] in segments separated by '/', no segment empty.
+ *
+ * The store going away (restarting, unreachable) costs no connection and
+ * no transfer: meshwire uses it only to find peers.  Requests made
+ * meanwhile wait until it is back or until opts.timeout_ms (then fail
+ * -ETIMEDOUT); it is retried every 0.1-2 s; once back, every entry this
+ * directory publishes is put again (a store that restarted empty has them
+ * again within that pause) and watches read the store again: a peer that
+ * joined meanwhile is reported then, one whose entry did not come back
+ * within a lease is reported gone.
+ *
+ * What a store can make meshwire do: entries are parsed strictly (at most
+ * 8 KiB, every field checked); a malformed one is skipped by lists and
+ * watches (logged) and fails a lookup -EPROTO.  The store is trusted to
+ * say where peers are -- whoever can write it can point you elsewhere --
+ * but not with memory: a region table comes from the peer itself.
+ *
+ * Other stores: the directory asks its store for put with a lease, renew,
+ * delete, get, get every key under a prefix, and events (set, gone) for
+ * the keys under the prefix, plus word when the link goes down and comes
+ * back.  etcd has each of these (leases with keep-alive, range requests,
+ * watches on a prefix); a backend for it would implement src/dir/store.h.
+ *
+ * Calls that return a future return NULL only when out of memory, or
+ * with errno set when the directory handle is not live (freed: ESTALE).
+ *
+ * Redis needs keyspace notifications for watches: the directory turns
+ * them on (CONFIG SET notify-keyspace-events, adding "K$gx") and, where
+ * CONFIG is refused, watches fail -ENOTSUP (publish, lookup and list still
+ * work).
+ */
+typedef struct mw_directory mw_directory_t;
+
+typedef struct mw_dir_opts {
+    const char *prefix;       /**< keys are "PREFIX:NAME"; default "mw" */
+    unsigned lease_ms;        /**< an entry outlives its silent publisher by
+                                   at most this; renewed every third of it.
+                                   Default 10000, 300..86400000 */
+    unsigned timeout_ms;      /**< a request's deadline (and a connect
+                                   attempt's); default 5000 */
+} mw_dir_opts_t;
+
+/** mw_dir_opts_init() - fill @opts with the defaults. */
+MW_EXTERN void mw_dir_opts_init(mw_dir_opts_t *opts);
+
+/**
+ * mw_dir_open() - a directory on the store at @url: "redis://HOST[:PORT][/DB]"
+ * (port 6379 by default) or "unix:PATH[?db=N]"; NULL: MW_DIRECTORY from
+ * the environment.
+ * Return: a future whose value is the mw_directory_t * (the caller's, free with
+ * mw_dir_free), done once the store answered; -EINVAL for a malformed URL
+ * or option, -ETIMEDOUT when the store was not reached within
+ * opts->timeout_ms.  NULL only when out of memory.
+ */
+MW_EXTERN mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *opts);
+
+/** mw_dir_free() - remove this directory's entries from the store (sent,
+ *  not waited for: a store away keeps them for a lease), stop its watches
+ *  and listeners (connections already handed over stay); its pending
+ *  futures fail -ECANCELED.  Return: 0 (also for NULL), -ESTALE. */
+MW_EXTERN int mw_dir_free(mw_directory_t *d);
+
+/** A region an entry shares: its name and size (the key to reach it comes
+ *  over the connection, from the peer: see mw_dir_connect). */
+typedef struct mw_dir_region_info {
+    const char *name;
+    uint64_t len;
+} mw_dir_region_info_t;
+
+/** An entry as read from the store; valid as long as what holds it. */
+typedef struct mw_dir_entry {
+    const char *name;
+    const char *addrs;        /**< "ADDR[,ADDR...]:PORT", for mw_connect */
+    const char *tag;          /**< the publisher's, "" when none */
+    uint64_t instance;        /**< random, per publication */
+    int serves;               /**< connections to it start with its region
+                                   table (published with a listener) */
+    size_t nregions;
+    const mw_dir_region_info_t *regions;
+} mw_dir_entry_t;
+
+/** Memory to share with every peer that connects by name: memory from
+ *  mw_alloc() or mw_reg(), exported on each accepted connection. */
+typedef struct mw_dir_share {
+    const char *name;         /**< 1-63 characters of [A-Za-z0-9._-] */
+    void *addr;
+    size_t len;
+} mw_dir_share_t;
+
+/** What to publish; zero it, then set what applies. */
+typedef struct mw_dir_pub {
+    const char *listen;       /**< listen here ("[ADDR][:PORT]", as
+                                   mw_listen; "" or "*:0": every address, a
+                                   free port) and publish the addresses
+                                   listened on; NULL: publish @addrs only */
+    const char *addrs;        /**< with @listen NULL: the addresses to
+                                   publish, as mw_connect takes them */
+    const mw_conn_opts_t *conn; /**< for accepted connections; NULL: defaults */
+    mw_accept_fn on_accept;   /**< with @listen: each accepted connection,
+                                   once the shares are exported on it and
+                                   its table sent (the caller owns it) */
+    void *arg;
+    const char *tag;          /**< free text for readers, at most 255
+                                   printable characters; NULL: "" */
+    const mw_dir_share_t *shares; /**< with @listen: regions exported on
+                                   every accepted connection, named */
+    size_t nshares;           /**< at most 64 */
+} mw_dir_pub_t;
+
+/**
+ * mw_dir_publish() - publish @name as @pub says, under a lease renewed
+ * until mw_dir_unpublish() or mw_dir_free().  Publishing a name again
+ * replaces the entry (a new instance).  With a listener, every accepted
+ * connection first gets the shares exported on it and a region table sent
+ * as its first message (the connecting side's mw_dir_connect takes it;
+ * plain mw_connect callers receive it as a first message: use
+ * mw_dir_connect).
+ * Return: a future done once the store holds the entry; -EINVAL (a bad
+ * name, share or option, named in the message), mw_listen's errors,
+ * -ETIMEDOUT.  The entry stays published (and is retried) after a
+ * timeout, until unpublished.  NULL only when out of memory.
+ */
+MW_EXTERN mw_future_t *mw_dir_publish(mw_directory_t *d, const char *name, const mw_dir_pub_t *pub);
+
+/** mw_dir_unpublish() - remove @name: its renewal stops and its listener
+ *  closes at once (connections already handed over stay); a publish
+ *  still under way fails -ECANCELED.  Return: a future done once the
+ *  store removed the entry (from then on no lookup finds it); -ENOENT
+ *  (not published here), -EINVAL, -ETIMEDOUT (the store away: the entry
+ *  then expires within a lease).  NULL (errno) for a handle not live. */
+MW_EXTERN mw_future_t *mw_dir_unpublish(mw_directory_t *d, const char *name);
+
+/** Entries found: @n of them in @e, sorted by name; free with
+ *  mw_dir_list_free(). */
+typedef struct mw_dir_list {
+    size_t n;
+    mw_dir_entry_t *e;
+} mw_dir_list_t;
+MW_EXTERN void mw_dir_list_free(mw_dir_list_t *l);
+
+/** mw_dir_lookup() - the entry of @name: a future whose value is an
+ *  mw_dir_list_t * of one entry (the caller frees it); fails -ENOENT
+ *  (absent), -EPROTO (malformed in the store), -ETIMEDOUT, -EINVAL. */
+MW_EXTERN mw_future_t *mw_dir_lookup(mw_directory_t *d, const char *name);
+
+/** mw_dir_list() - every well-formed entry whose name starts with @prefix
+ *  ("prefill/" for a role; "" for all): a future whose value is an
+ *  mw_dir_list_t * (possibly empty), read in one consistent pass. */
+MW_EXTERN mw_future_t *mw_dir_list(mw_directory_t *d, const char *prefix);
+
+enum mw_dir_event {
+    MW_DIR_JOINED = 1,        /**< an entry appeared or changed: @e */
+    MW_DIR_LEFT,              /**< an entry is gone (removed, lease expired,
+                                   or not back within a lease after the
+                                   store returned): @e holds its last value */
+    MW_DIR_SYNCED,            /**< everything present was reported (after
+                                   the watch began, and again each time the
+                                   store came back); @e NULL */
+    MW_DIR_LOST,              /**< the store is away: nothing is heard until
+                                   the next SYNCED; @e NULL */
+};
+
+typedef void (*mw_dir_watch_fn)(mw_directory_t *d, int event, const mw_dir_entry_t *e, void *arg);
+
+/**
+ * mw_dir_watch() - call @fn for every entry under @prefix present now
+ * (JOINED each, then SYNCED) and then for every change, as the store
+ * reports it (keyspace notifications, no polling), on the loop; an
+ * entry's lease renewals are not changes.
+ * Return: a watch id >= 1 for mw_dir_unwatch(), or -EINVAL, -ENOMEM,
+ * -ENOTSUP (the store sends no notifications; also reported later, by a
+ * log line, when a store that restarted refuses them).
+ */
+MW_EXTERN int mw_dir_watch(mw_directory_t *d, const char *prefix, mw_dir_watch_fn fn, void *arg);
+/** mw_dir_unwatch() - @fn is not called again.  Return: 0, -ENOENT. */
+MW_EXTERN int mw_dir_unwatch(mw_directory_t *d, int id);
+
+/** A connection made by name, with the regions its peer shares. */
+typedef struct mw_dir_peer {
+    mw_conn_t *conn;          /**< the caller's: mw_conn_close() */
+    size_t nregions;
+    const char *const *names; /**< region i's name */
+    const mw_remote_t *regions; /**< region i, for mw_read/mw_write on @conn */
+} mw_dir_peer_t;
+
+/** mw_dir_peer_region() - the region named @name, or NULL. */
+MW_EXTERN const mw_remote_t *mw_dir_peer_region(const mw_dir_peer_t *p, const char *name);
+/** mw_dir_peer_free() - free @p, not its connection. */
+MW_EXTERN void mw_dir_peer_free(mw_dir_peer_t *p);
+
+/**
+ * mw_dir_connect() - connect to the process published as @name: look it
+ * up, mw_connect() to its addresses with @opts, and, when it serves
+ * regions, take its region table (the first message, within
+ * opts->timeout_ms).  So a decode worker reaches "prefill/3" knowing only
+ * the name.
+ * Return: a future whose value is an mw_dir_peer_t * (the caller frees it
+ * with mw_dir_peer_free, and its connection with mw_conn_close); fails with
+ * mw_dir_lookup's and mw_connect's errors, or -EPROTO for a malformed
+ * table.  NULL only when out of memory.
+ */
+MW_EXTERN mw_future_t *mw_dir_connect(mw_directory_t *d, const char *name, const mw_conn_opts_t *opts);
+
+/**
+ * mw_dir_comm_create() - mw_comm_create() with the ranks found through the
+ * directory: this rank publishes "@job/rank/@rank" with its addresses and
+ * a free port, waits until all @nranks ranks of the same run are
+ * published, and connects the mesh as mw_comm_create does.
+ *
+ * A run: rank 0 draws a random run number and publishes it; the other
+ * ranks take the one of the rank 0 they find and publish with it, and
+ * form a communicator only from entries of that run, whose ranks check it
+ * again in the mesh's handshake (it is the communicator's job identity,
+ * with @opts->job or the launcher's job id when set).  So a stale entry
+ * of an earlier run (a process killed, its lease not yet expired; or one
+ * still alive) never joins: it is waited past until its rank publishes
+ * anew.  A rank 0 that appears with a new run (it restarted) makes the
+ * others start over with it.
+ *
+ * Return: as mw_comm_create: a future whose value is the mw_comm_t *;
+ * -ETIMEDOUT at @opts->timeout_ms naming the ranks not found (or found
+ * only from another run), -EINVAL for bad arguments.  The rank's entry
+ * stays published until mw_dir_free() (or mw_dir_unpublish() of its
+ * name): peers watching "@job/rank/" see a rank that dies leave.
+ */
+MW_EXTERN mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, int nranks,
+                                          const mw_comm_opts_t *opts);
+
 /** The allocator meshwire takes its own bookkeeping from (connections,
  *  futures, messages handed to you...), the C library's by default. */
 typedef void *(*mw_malloc_fn)(size_t size);

@@ -43,6 +43,7 @@ static const char *const kind_names[] = {
     [MW__H_LISTENER] = "listener",
     [MW__H_COMM] = "communicator",
     [MW__H_MR] = "registration",
+    [MW__H_DIR] = "directory",
 };
 
 static struct hslot *slot_at(uint32_t idx)

@@ -24,6 +24,7 @@ enum mw__handle_kind {
     MW__H_LISTENER,
     MW__H_COMM,
     MW__H_MR,
+    MW__H_DIR,
 };
 
 /* mw__thread_self() - the calling thread, as slots record owners. */

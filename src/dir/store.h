@@ -1,0 +1,80 @@
+/* The key-value store under the directory: Redis through hiredis's
+ * asynchronous client, on the context's own event base (hiredis's libevent
+ * adapter).  Internal (mw__ names).
+ *
+ * This file is the whole contract the directory needs from a store, so
+ * that another backend (etcd) could stand behind it:
+ *   - put a key with a lease (etcd: a lease granted and kept alive; Redis:
+ *     SET PX) and renew it; delete a key;
+ *   - get one key; get every key under a prefix (etcd: a range);
+ *   - events for keys under the directory's prefix: set, or gone (deleted
+ *     or expired) (etcd: a watch on the prefix; Redis: keyspace
+ *     notifications);
+ *   - a link that goes down and comes back: requests wait (up to their
+ *     deadline) and are sent once it is back; the owner hears "down" and
+ *     "up" to re-register and re-read what it watches.
+ */
+#ifndef MW_DIR_STORE_H
+#define MW_DIR_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "meshwire.h"
+
+struct mw__store;
+
+enum mw__store_event { MW__STORE_SET = 1, MW__STORE_GONE };
+
+struct mw__store_hooks {
+    /* The store is reachable (again): @requests for the request link,
+     * else the event link (events flow from now on; what happened while
+     * it was down was missed).  @err on the event link: 0, or -ENOTSUP
+     * when the store will not send events (its notifications cannot be
+     * enabled). */
+    void (*up)(void *arg, bool requests, int err);
+    /* A link went down; the store is retried every so often. */
+    void (*down)(void *arg, bool requests, const char *why);
+    /* A key under the prefix was set, or is gone. */
+    void (*event)(void *arg, const char *key, enum mw__store_event ev);
+    void *arg;
+};
+
+/* A reply: err 0 with what the request asks for, else a negative errno
+ * (-ETIMEDOUT: no answer by the deadline; -ENOENT: get of an absent key;
+ * -EIO: the store refused, @why says what it said; -ECANCELED: the store
+ * closed).  Strings are valid during the call only. */
+typedef void (*mw__store_fn)(void *arg, int err, const char *why);
+typedef void (*mw__store_get_fn)(void *arg, int err, const char *why, const char *val,
+                                 size_t len);
+typedef void (*mw__store_scan_fn)(void *arg, int err, const char *why, size_t n,
+                                  const char *const *keys, const char *const *vals,
+                                  const size_t *lens);
+/* renew: @exists false when the key was gone (expired, or the store
+ * restarted empty): the caller puts it again. */
+typedef void (*mw__store_renew_fn)(void *arg, int err, const char *why, bool exists);
+
+/**
+ * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]" or
+ * "unix:PATH[?db=N]") and start connecting; requests may be made at once.
+ * @prefix: keys the events are for (events for "PREFIX*").
+ * Return: 0 or -EINVAL (with @why), -ENOMEM.
+ */
+int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix, unsigned timeout_ms,
+                   const struct mw__store_hooks *hooks, struct mw__store **out,
+                   const char **why);
+/* mw__store_close() - pending requests fail -ECANCELED (their callbacks
+ * run inside this call); links close. */
+void mw__store_close(struct mw__store *st);
+bool mw__store_up(const struct mw__store *st);
+
+int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t len,
+                  unsigned lease_ms, mw__store_fn fn, void *arg);
+int mw__store_renew(struct mw__store *st, const char *key, unsigned lease_ms,
+                    mw__store_renew_fn fn, void *arg);
+int mw__store_del(struct mw__store *st, const char *key, mw__store_fn fn, void *arg);
+int mw__store_get(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg);
+int mw__store_scan(struct mw__store *st, const char *prefix, mw__store_scan_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,664 @@
+/* The directory against a real redis-server (Debian's), started by the
+ * test on a unix socket of its own: publish, lookup, list, watches, lease
+ * expiry of a killed publisher, the store restarting, stopping and
+ * refusing notifications, and hostile content in the store.  No RDMA:
+ * entries are published with addresses given (connect by name and the
+ * communicator are tested in the rxe and mesh suites). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+
+#include "dir/entry.h"
+#include "meshwire.h"
+
+#define REDIS "/usr/bin/redis-server"
+
+static char tmpdir[64], sock[128], url[160];
+static pid_t redis_pid, child_pid;   /* killed at teardown if a test failed early */
+static char *self_exe;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A synchronous client for the test's own look at the store. */
+static redisContext *raw(void)
+{
+    redisContext *c = redisConnectUnix(sock);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+static void raw_cmd(const char *fmt, ...)
+{
+    redisContext *c = raw();
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    assert_non_null(r);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static pid_t redis_start_at(const char *path, const char *extra)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl(REDIS, REDIS, "--port", "0", "--unixsocket", path, "--unixsocketperm", "700",
+              "--save", "", "--appendonly", "no", "--loglevel", "warning",
+              extra ? "--rename-command" : NULL, "CONFIG", "", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 250; i++) {            /* up to 5 s */
+        redisContext *c = redisConnectUnix(path);
+        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r)
+            freeReplyObject(r);
+        if (c)
+            redisFree(c);
+        if (ok)
+            return pid;
+        usleep(20000);
+    }
+    fail_msg("redis-server did not start at %s", path);
+    return -1;
+}
+
+static void redis_stop(pid_t pid, int sig)
+{
+    kill(pid, sig);
+    waitpid(pid, NULL, 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (access(REDIS, X_OK)) {
+        fprintf(stderr, "skipping: %s not installed (scripts/setup installs it)\n", REDIS);
+        return -1;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/mw-dir-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    snprintf(sock, sizeof sock, "%s/redis.sock", tmpdir);
+    snprintf(url, sizeof url, "unix:%s", sock);
+    redis_pid = redis_start_at(sock, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    if (child_pid > 0)
+        redis_stop(child_pid, SIGKILL);
+    if (redis_pid > 0)
+        redis_stop(redis_pid, SIGTERM);
+    unlink(sock);
+    rmdir(tmpdir);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Helpers: the loop, opening, waiting
+ * ------------------------------------------------------------------------ */
+
+static mw_ctx_t *ctx_new(void)
+{
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    return ctx;
+}
+
+/* Run the loop for @ms, or until *@flag. */
+static void run(mw_ctx_t *ctx, unsigned ms, const volatile int *flag)
+{
+    uint64_t end = now_ms() + ms;
+    struct timeval tick = {0, 20000};
+    while ((!flag || !*flag) && now_ms() < end) {
+        event_base_loopexit(mw_ctx_base(ctx), &tick);
+        event_base_dispatch(mw_ctx_base(ctx));
+    }
+}
+
+/* Run the loop until *@counter reaches @want, or @ms passed. */
+static void wait_for(mw_ctx_t *ctx, const int *counter, int want, unsigned ms)
+{
+    uint64_t end = now_ms() + ms;
+    while (*counter < want && now_ms() < end)
+        run(ctx, 20, NULL);
+}
+
+static void *value_of(mw_future_t *f, int want_err)
+{
+    assert_non_null(f);
+    int rc = mw_wait(f);
+    if (rc != want_err)
+        fail_msg("expected %d, got %d: %s", want_err, rc, mw_future_message(f));
+    void *v = mw_future_value(f);
+    mw_future_unref(f);
+    return v;
+}
+
+static mw_directory_t *open_dir(mw_ctx_t *ctx, unsigned lease_ms)
+{
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.lease_ms = lease_ms;
+    o.prefix = "mwtest";
+    return value_of(mw_dir_open(ctx, url, &o), 0);
+}
+
+static void publish(mw_directory_t *d, const char *name, const char *addrs, const char *tag)
+{
+    mw_dir_pub_t pub = {.addrs = addrs, .tag = tag};
+    value_of(mw_dir_publish(d, name, &pub), 0);
+}
+
+/* What a watch saw. */
+struct seen {
+    int joined, left, synced, lost;
+    char last[256], last_addrs[256];
+};
+
+static void on_watch(mw_directory_t *d, int ev, const mw_dir_entry_t *e, void *arg)
+{
+    (void)d;
+    struct seen *s = arg;
+    switch (ev) {
+    case MW_DIR_JOINED:
+        s->joined++;
+        snprintf(s->last, sizeof s->last, "+%s", e->name);
+        snprintf(s->last_addrs, sizeof s->last_addrs, "%s", e->addrs);
+        break;
+    case MW_DIR_LEFT:
+        s->left++;
+        snprintf(s->last, sizeof s->last, "-%s", e->name);
+        break;
+    case MW_DIR_SYNCED:
+        s->synced++;
+        break;
+    case MW_DIR_LOST:
+        s->lost++;
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Tests
+ * ------------------------------------------------------------------------ */
+
+static void publish_lookup_list_unpublish(void **state)
+{
+    (void)state;
+    raw_cmd("FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *a = open_dir(ctx, 10000), *b = open_dir(ctx, 10000);
+    publish(a, "job/prefill/1", "10.0.0.2,10.0.1.2:7471", "gpu=1");
+    publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
+    publish(a, "job/decode/0", "10.0.2.1:7470", NULL);
+
+    mw_dir_list_t *l = value_of(mw_dir_lookup(b, "job/prefill/1"), 0);
+    assert_int_equal(l->n, 1);
+    assert_string_equal(l->e[0].name, "job/prefill/1");
+    assert_string_equal(l->e[0].addrs, "10.0.0.2,10.0.1.2:7471");
+    assert_string_equal(l->e[0].tag, "gpu=1");
+    assert_int_not_equal(l->e[0].instance, 0);
+    assert_int_equal(l->e[0].nregions, 0);
+    mw_dir_list_free(l);
+
+    l = value_of(mw_dir_list(b, "job/prefill/"), 0);     /* a role, sorted */
+    assert_int_equal(l->n, 2);
+    assert_string_equal(l->e[0].name, "job/prefill/0");
+    assert_string_equal(l->e[1].name, "job/prefill/1");
+    mw_dir_list_free(l);
+    l = value_of(mw_dir_list(b, ""), 0);
+    assert_int_equal(l->n, 3);
+    mw_dir_list_free(l);
+
+    /* the lease is in the store: 10 s, renewed */
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "PTTL mwtest:job/prefill/0");
+    assert_true(r->integer > 8000 && r->integer <= 10000);
+    freeReplyObject(r);
+    redisFree(c);
+
+    /* publishing again is a new instance */
+    l = value_of(mw_dir_lookup(b, "job/decode/0"), 0);
+    uint64_t inst = l->e[0].instance;
+    mw_dir_list_free(l);
+    publish(a, "job/decode/0", "10.0.2.9:7470", NULL);
+    l = value_of(mw_dir_lookup(b, "job/decode/0"), 0);
+    assert_int_not_equal(l->e[0].instance, inst);
+    assert_string_equal(l->e[0].addrs, "10.0.2.9:7470");
+    mw_dir_list_free(l);
+
+    value_of(mw_dir_unpublish(a, "job/prefill/0"), 0);
+    value_of(mw_dir_unpublish(a, "job/prefill/0"), -ENOENT);
+    value_of(mw_dir_lookup(b, "job/prefill/0"), -ENOENT);    /* gone for everyone */
+
+    /* freeing a directory removes what it published */
+    assert_int_equal(mw_dir_free(a), 0);
+    assert_int_equal(mw_dir_free(a), -ESTALE);
+    run(ctx, 100, NULL);
+    l = value_of(mw_dir_list(b, "job/"), 0);
+    assert_int_equal(l->n, 0);
+    mw_dir_list_free(l);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+}
+
+static void bad_input_is_refused(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx = ctx_new();
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    const char *urls[] = {"http://x", "redis://", "redis://h:0", "redis://h:70000",
+                          "redis://h:12x", "redis://h/x", "unix:", "redis://[::1"};
+    for (size_t i = 0; i < sizeof urls / sizeof *urls; i++)
+        value_of(mw_dir_open(ctx, urls[i], &o), -EINVAL);
+    o.lease_ms = 10;
+    value_of(mw_dir_open(ctx, url, &o), -EINVAL);
+    mw_dir_opts_init(&o);
+    o.prefix = "a*b";
+    value_of(mw_dir_open(ctx, url, &o), -EINVAL);
+
+    mw_directory_t *d = open_dir(ctx, 10000);
+    const char *names[] = {"", "/a", "a/", "a//b", "a b", "a*", "a?", "x[1]", "é"};
+    mw_dir_pub_t pub = {.addrs = "10.0.0.1:7470"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        value_of(mw_dir_publish(d, names[i], &pub), -EINVAL);
+        value_of(mw_dir_lookup(d, names[i]), -EINVAL);
+    }
+    value_of(mw_dir_publish(d, NULL, &pub), -EINVAL);
+    value_of(mw_dir_publish(d, "ok", NULL), -EINVAL);
+    mw_dir_pub_t both = {.addrs = "10.0.0.1:1", .listen = "*:0"};
+    value_of(mw_dir_publish(d, "ok", &both), -EINVAL);
+    mw_dir_pub_t ctl = {.addrs = "10.0.0.1:1", .tag = "a\nb"};
+    value_of(mw_dir_publish(d, "ok", &ctl), -EINVAL);
+    mw_dir_share_t sh = {.name = "kv", .addr = &pub, .len = 8};
+    mw_dir_pub_t nolisten = {.addrs = "10.0.0.1:1", .shares = &sh, .nshares = 1};
+    value_of(mw_dir_publish(d, "ok", &nolisten), -EINVAL);
+    assert_int_equal(mw_dir_watch(d, "a//", on_watch, NULL), -EINVAL);
+    assert_int_equal(mw_dir_watch(d, "a/", NULL, NULL), -EINVAL);
+    assert_int_equal(mw_dir_unwatch(d, 12345), -ENOENT);
+    value_of(mw_dir_unpublish(d, "never"), -ENOENT);
+    value_of(mw_dir_unpublish(d, "a//b"), -EINVAL);
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
+static void watch_sees_joins_and_leaves_not_renewals(void **state)
+{
+    (void)state;
+    raw_cmd("FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *a = open_dir(ctx, 600), *b = open_dir(ctx, 600);
+    publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
+    publish(a, "other/x", "10.0.0.1:7470", NULL);
+    struct seen s = {0};
+    int id = mw_dir_watch(b, "job/", on_watch, &s);
+    assert_true(id >= 1);
+    run(ctx, 2000, &s.synced);
+    assert_int_equal(s.synced, 1);
+    assert_int_equal(s.joined, 1);                    /* what was there; not other/ */
+    assert_string_equal(s.last, "+job/prefill/0");
+
+    publish(a, "job/prefill/1", "10.0.0.2:7470", NULL);
+    wait_for(ctx, &s.joined, 2, 2000);
+    assert_int_equal(s.joined, 2);
+    assert_string_equal(s.last, "+job/prefill/1");
+
+    /* three leases: renewed every 200 ms, no event */
+    run(ctx, 1800, NULL);
+    assert_int_equal(s.joined, 2);
+    assert_int_equal(s.left, 0);
+
+    value_of(mw_dir_unpublish(a, "job/prefill/0"), 0);
+    wait_for(ctx, &s.left, 1, 2000);
+    assert_int_equal(s.left, 1);
+    assert_string_equal(s.last, "-job/prefill/0");
+
+    assert_int_equal(mw_dir_unwatch(b, id), 0);
+    publish(a, "job/prefill/2", "10.0.0.3:7470", NULL);
+    run(ctx, 300, NULL);
+    assert_int_equal(s.joined, 2);                    /* unwatched: not called */
+    mw_dir_free(a);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+}
+
+/* --publisher NAME LEASE: publish and sleep until killed (the child). */
+static int publisher_main(const char *name, unsigned lease)
+{
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *d = open_dir(ctx, lease);
+    publish(d, name, "10.0.0.7:7470", NULL);
+    printf("published\n");
+    fflush(stdout);
+    run(ctx, 600000, NULL);
+    return 0;
+}
+
+static void killed_publisher_leaves_within_a_lease(void **state)
+{
+    (void)state;
+    raw_cmd("FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *b = open_dir(ctx, 1000);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(b, "job/", on_watch, &s) >= 1);
+    run(ctx, 2000, &s.synced);
+
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = child_pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        execl(self_exe, self_exe, "--publisher", url, "job/victim/0", "1000", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[16] = {0};
+    assert_true(read(fds[0], buf, sizeof buf - 1) > 0);
+    close(fds[0]);
+    run(ctx, 3000, &s.joined);
+    assert_int_equal(s.joined, 1);
+    run(ctx, 1500, NULL);                            /* renewed past its first lease */
+    assert_int_equal(s.left, 0);
+
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    child_pid = 0;
+    uint64_t t0 = now_ms();
+    run(ctx, 4000, &s.left);
+    uint64_t gone_ms = now_ms() - t0;
+    assert_int_equal(s.left, 1);
+    assert_string_equal(s.last, "-job/victim/0");
+    /* at most a lease (the last renewal was up to a third of it before)
+     * and Redis's expiry sweep (100 ms), with slack for a loaded host */
+    assert_true(gone_ms <= 1000 + 1500);
+    fprintf(stderr, "killed publisher: gone from the watch %llu ms after the kill\n",
+            (unsigned long long)gone_ms);
+    value_of(mw_dir_lookup(b, "job/victim/0"), -ENOENT);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+}
+
+static void store_restart_reregisters_and_rewatches(void **state)
+{
+    (void)state;
+    raw_cmd("FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *a = open_dir(ctx, 3000), *b = open_dir(ctx, 3000);
+    publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(b, "job/", on_watch, &s) >= 1);
+    run(ctx, 2000, &s.synced);
+    assert_int_equal(s.joined, 1);
+
+    redis_stop(redis_pid, SIGKILL);                  /* a crash: nothing saved */
+    redis_pid = 0;
+    run(ctx, 1000, &s.lost);
+    assert_int_equal(s.lost, 1);
+    /* a request made while the store is away waits for it */
+    mw_future_t *during = mw_dir_lookup(b, "job/prefill/0");
+    run(ctx, 500, NULL);
+    assert_int_equal(mw_future_state(during), MW_FUTURE_PENDING);
+
+    redis_pid = redis_start_at(sock, NULL);          /* empty */
+    int rc = mw_wait(during);
+    assert_true(rc == 0 || rc == -ENOENT);           /* before or after the re-put */
+    if (rc == 0)
+        mw_dir_list_free(mw_future_value(during));
+    mw_future_unref(during);
+    wait_for(ctx, &s.synced, 2, 4000);
+    assert_int_equal(s.synced, 2);                   /* the watch is back */
+
+    /* the entry is back in the store without the publisher doing anything */
+    mw_dir_list_t *l = value_of(mw_dir_lookup(b, "job/prefill/0"), 0);
+    assert_string_equal(l->e[0].addrs, "10.0.0.1:7470");
+    mw_dir_list_free(l);
+    /* and the watch hears what happens now */
+    publish(a, "job/prefill/1", "10.0.0.2:7470", NULL);
+    wait_for(ctx, &s.joined, 2, 2000);
+    assert_string_equal(s.last, "+job/prefill/1");
+    /* the entry that came back within a lease never left */
+    run(ctx, 3500, NULL);
+    assert_int_equal(s.left, 0);
+    mw_dir_free(a);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+}
+
+static void store_away_times_out_and_recovers(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx = ctx_new();
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.timeout_ms = 400;
+    char nowhere[200];
+    snprintf(nowhere, sizeof nowhere, "unix:%s/none.sock", tmpdir);
+    uint64_t t0 = now_ms();
+    mw_future_t *f = mw_dir_open(ctx, nowhere, &o);
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);
+    assert_non_null(strstr(mw_future_message(f), "none.sock"));
+    assert_true(now_ms() - t0 < 2000);
+    mw_future_unref(f);
+
+    o.prefix = "mwtest";
+    mw_directory_t *d = value_of(mw_dir_open(ctx, url, &o), 0);
+    kill(redis_pid, SIGSTOP);                        /* alive, silent */
+    f = mw_dir_lookup(d, "job/x");
+    t0 = now_ms();
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);
+    assert_true(now_ms() - t0 < 2000);
+    mw_future_unref(f);
+    kill(redis_pid, SIGCONT);
+    value_of(mw_dir_lookup(d, "job/x"), -ENOENT);    /* answered again */
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
+static void hostile_entries_are_refused(void **state)
+{
+    (void)state;
+    raw_cmd("FLUSHALL");
+    raw_cmd("SET mwtest:bad/0 garbage");
+    raw_cmd("SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
+    raw_cmd("SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
+    raw_cmd("SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
+    raw_cmd("SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
+                                   "region x -5\n");
+    raw_cmd("SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
+    raw_cmd("SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
+    char *big = malloc(MW__DIR_VALUE_MAX + 100);
+    memset(big, 'a', MW__DIR_VALUE_MAX + 99);
+    big[MW__DIR_VALUE_MAX + 99] = 0;
+    raw_cmd("SET mwtest:bad/7 %s", big);
+    free(big);
+    raw_cmd("HSET mwtest:bad/8 f v");                                         /* not a string */
+    raw_cmd("SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
+    raw_cmd("SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
+                                    "region kv 4096\nserves 1\ntag t\n");
+
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *d = open_dir(ctx, 10000);
+    for (int i = 0; i <= 7; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "bad/%d", i);
+        value_of(mw_dir_lookup(d, name), -EPROTO);
+    }
+    mw_future_t *f = mw_dir_lookup(d, "bad/8");              /* the store's own error */
+    assert_int_equal(mw_wait(f), -EIO);
+    mw_future_unref(f);
+    mw_dir_list_t *l = value_of(mw_dir_list(d, "bad/"), 0);
+    assert_int_equal(l->n, 1);                               /* only the good one */
+    assert_string_equal(l->e[0].name, "bad/ok");
+    assert_int_equal(l->e[0].nregions, 1);
+    assert_string_equal(l->e[0].regions[0].name, "kv");
+    assert_int_equal(l->e[0].regions[0].len, 4096);
+    assert_int_equal(l->e[0].serves, 1);
+    assert_int_equal(l->e[0].instance, 0xaa);
+    mw_dir_list_free(l);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
+    run(ctx, 2000, &s.synced);
+    assert_int_equal(s.joined, 1);
+    raw_cmd("SET mwtest:bad/9 garbage");                     /* a hostile change */
+    run(ctx, 300, NULL);
+    assert_int_equal(s.joined, 1);
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
+static void watch_refused_without_notifications(void **state)
+{
+    (void)state;
+    char path[160], u[200];
+    snprintf(path, sizeof path, "%s/noconfig.sock", tmpdir);
+    snprintf(u, sizeof u, "unix:%s", path);
+    pid_t pid = redis_start_at(path, "no CONFIG");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *d = value_of(mw_dir_open(ctx, u, NULL), 0);
+    assert_int_equal(mw_dir_watch(d, "job/", on_watch, NULL), -ENOTSUP);
+    publish(d, "job/a", "1.2.3.4:5", NULL);                  /* the rest works */
+    mw_dir_list_free(value_of(mw_dir_lookup(d, "job/a"), 0));
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+    redis_stop(pid, SIGTERM);
+    unlink(path);
+}
+
+/* A caller driving meshwire by mw_ctx_fd alone sees the store's replies. */
+static void store_traffic_wakes_mw_ctx_fd(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx = ctx_new();
+    int fd = mw_ctx_fd(ctx), ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN};
+    assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.prefix = "mwtest";
+    mw_future_t *f = mw_dir_open(ctx, url, &o);
+    int wakes = 0;
+    while (mw_future_state(f) == MW_FUTURE_PENDING) {
+        assert_int_equal(epoll_wait(ep, &ev, 1, 3000), 1);  /* never a timeout */
+        wakes++;
+        mw_ctx_progress(ctx);
+    }
+    assert_int_equal(mw_future_error(f), 0);
+    mw_directory_t *d = mw_future_value(f);
+    mw_future_unref(f);
+    mw_dir_pub_t pub = {.addrs = "1.2.3.4:5"};
+    f = mw_dir_publish(d, "fd/x", &pub);
+    while (mw_future_state(f) == MW_FUTURE_PENDING) {
+        assert_int_equal(epoll_wait(ep, &ev, 1, 3000), 1);
+        mw_ctx_progress(ctx);
+    }
+    assert_int_equal(mw_future_error(f), 0);
+    mw_future_unref(f);
+    mw_dir_free(d);
+    close(ep);
+    mw_ctx_free(ctx);
+}
+
+static void entry_and_table_codecs(void **state)
+{
+    (void)state;
+    mw_dir_region_info_t regs[2] = {{"kv", 1 << 20}, {"w.0", 7}};
+    mw_dir_entry_t e = {.addrs = "10.0.0.1:7470", .tag = "x y", .instance = 42, .serves = 1,
+                        .nregions = 2, .regions = regs};
+    char buf[MW__DIR_VALUE_MAX];
+    int len = mw__dir_entry_encode(&e, buf, sizeof buf);
+    assert_true(len > 0);
+    struct mw__dir_entry *d;
+    const char *why;
+    assert_int_equal(mw__dir_entry_decode("a/b", buf, (size_t)len, &d, &why), 0);
+    assert_string_equal(d->pub.addrs, "10.0.0.1:7470");
+    assert_string_equal(d->pub.tag, "x y");
+    assert_int_equal(d->pub.instance, 42);
+    assert_int_equal(d->pub.nregions, 2);
+    assert_string_equal(d->pub.regions[1].name, "w.0");
+    free(d);
+    mw_dir_entry_t sp = e;
+    sp.addrs = "a b";
+    assert_int_equal(mw__dir_entry_encode(&sp, buf, sizeof buf), -EINVAL);
+
+    const char *names[2] = {"kv", "w"};
+    mw_remote_t r[2] = {{0x1000, 4096, 7}, {0x2000, 8, 9}};
+    uint8_t t[MW__DIR_TABLE_MAX];
+    int tl = mw__dir_table_encode(names, r, 2, t, sizeof t);
+    assert_true(tl > 8);
+    char text[MW__DIR_TABLE_MAX];
+    const char *on[MW__DIR_REGIONS_MAX];
+    mw_remote_t orr[MW__DIR_REGIONS_MAX];
+    size_t n;
+    assert_int_equal(mw__dir_table_decode(t, (size_t)tl, text, on, orr, &n, &why), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(on[1], "w");
+    assert_int_equal(orr[0].rkey, 7);
+    assert_int_equal(orr[1].addr, 0x2000);
+    for (int cut = 0; cut < tl; cut++)                        /* every truncation */
+        assert_int_equal(mw__dir_table_decode(t, (size_t)cut, text, on, orr, &n, &why),
+                         -EPROTO);
+    t[tl] = 0;
+    assert_int_equal(mw__dir_table_decode(t, (size_t)tl + 1, text, on, orr, &n, &why), -EPROTO);
+    t[8] = 0;                                                 /* an empty name */
+    assert_int_equal(mw__dir_table_decode(t, (size_t)tl, text, on, orr, &n, &why), -EPROTO);
+    t[5] = 65;
+    assert_int_equal(mw__dir_table_decode(t, (size_t)tl, text, on, orr, &n, &why), -EPROTO);
+}
+
+int main(int argc, char **argv)
+{
+    self_exe = argv[0];
+    if (argc == 5 && !strcmp(argv[1], "--publisher")) {
+        snprintf(url, sizeof url, "%s", argv[2]);
+        return publisher_main(argv[3], (unsigned)atoi(argv[4]));
+    }
+    if (access(REDIS, X_OK)) {
+        printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(entry_and_table_codecs),
+        cmocka_unit_test(publish_lookup_list_unpublish),
+        cmocka_unit_test(bad_input_is_refused),
+        cmocka_unit_test(watch_sees_joins_and_leaves_not_renewals),
+        cmocka_unit_test(killed_publisher_leaves_within_a_lease),
+        cmocka_unit_test(hostile_entries_are_refused),
+        cmocka_unit_test(watch_refused_without_notifications),
+        cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
+        cmocka_unit_test(store_away_times_out_and_recovers),
+        cmocka_unit_test(store_restart_reregisters_and_rewatches),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
