@@ -223,6 +223,9 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
                 dc->job, e->name, e->tag);
         return;
     }
+    mw__log(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
+            "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,
+            run == dc->run ? "" : " (not ours)");
     char *a = mw__malloc(strlen(e->addrs) + 1);
     if (!a)
         return;

@@ -22,12 +22,11 @@
 
 #include <cmocka.h>
 #include <event2/event.h>
-#include <hiredis/hiredis.h>
 
 #include "dir/entry.h"
+#include "redis_util.h"
 #include "meshwire.h"
 
-#define REDIS "/usr/bin/redis-server"
 
 static char tmpdir[64], sock[128], url[160];
 static pid_t redis_pid, child_pid;   /* killed at teardown if a test failed early */
@@ -40,74 +39,14 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* A synchronous client for the test's own look at the store. */
-static redisContext *raw(void)
-{
-    redisContext *c = redisConnectUnix(sock);
-    assert_non_null(c);
-    assert_int_equal(c->err, 0);
-    return c;
-}
-
-static void raw_cmd(const char *fmt, ...)
-{
-    redisContext *c = raw();
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    assert_non_null(r);
-    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
-    freeReplyObject(r);
-    redisFree(c);
-}
-
-static pid_t redis_start_at(const char *path, const char *extra)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        execl(REDIS, REDIS, "--port", "0", "--unixsocket", path, "--unixsocketperm", "700",
-              "--save", "", "--appendonly", "no", "--loglevel", "warning",
-              extra ? "--rename-command" : NULL, "CONFIG", "", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 250; i++) {            /* up to 5 s */
-        redisContext *c = redisConnectUnix(path);
-        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
-        bool ok = r && r->type == REDIS_REPLY_STATUS;
-        if (r)
-            freeReplyObject(r);
-        if (c)
-            redisFree(c);
-        if (ok)
-            return pid;
-        usleep(20000);
-    }
-    fail_msg("redis-server did not start at %s", path);
-    return -1;
-}
-
-static void redis_stop(pid_t pid, int sig)
-{
-    kill(pid, sig);
-    waitpid(pid, NULL, 0);
-}
-
 static int group_setup(void **state)
 {
     (void)state;
-    if (access(REDIS, X_OK)) {
-        fprintf(stderr, "skipping: %s not installed (scripts/setup installs it)\n", REDIS);
-        return -1;
-    }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/mw-dir-XXXXXX");
     assert_non_null(mkdtemp(tmpdir));
     snprintf(sock, sizeof sock, "%s/redis.sock", tmpdir);
     snprintf(url, sizeof url, "unix:%s", sock);
-    redis_pid = redis_start_at(sock, NULL);
+    redis_pid = redis_start(sock, false);
     return 0;
 }
 
@@ -215,7 +154,7 @@ static void on_watch(mw_directory_t *d, int ev, const mw_dir_entry_t *e, void *a
 static void publish_lookup_list_unpublish(void **state)
 {
     (void)state;
-    raw_cmd("FLUSHALL");
+    redis_cmd(sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 10000), *b = open_dir(ctx, 10000);
     publish(a, "job/prefill/1", "10.0.0.2,10.0.1.2:7471", "gpu=1");
@@ -241,11 +180,9 @@ static void publish_lookup_list_unpublish(void **state)
     mw_dir_list_free(l);
 
     /* the lease is in the store: 10 s, renewed */
-    redisContext *c = raw();
-    redisReply *r = redisCommand(c, "PTTL mwtest:job/prefill/0");
+    redisReply *r = redis_cmd(sock, true, "PTTL mwtest:job/prefill/0");
     assert_true(r->integer > 8000 && r->integer <= 10000);
     freeReplyObject(r);
-    redisFree(c);
 
     /* publishing again is a new instance */
     l = value_of(mw_dir_lookup(b, "job/decode/0"), 0);
@@ -316,7 +253,7 @@ static void bad_input_is_refused(void **state)
 static void watch_sees_joins_and_leaves_not_renewals(void **state)
 {
     (void)state;
-    raw_cmd("FLUSHALL");
+    redis_cmd(sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 600), *b = open_dir(ctx, 600);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
@@ -368,7 +305,7 @@ static int publisher_main(const char *name, unsigned lease)
 static void killed_publisher_leaves_within_a_lease(void **state)
 {
     (void)state;
-    raw_cmd("FLUSHALL");
+    redis_cmd(sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *b = open_dir(ctx, 1000);
     struct seen s = {0};
@@ -413,7 +350,7 @@ static void killed_publisher_leaves_within_a_lease(void **state)
 static void store_restart_reregisters_and_rewatches(void **state)
 {
     (void)state;
-    raw_cmd("FLUSHALL");
+    redis_cmd(sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 3000), *b = open_dir(ctx, 3000);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
@@ -431,7 +368,7 @@ static void store_restart_reregisters_and_rewatches(void **state)
     run(ctx, 500, NULL);
     assert_int_equal(mw_future_state(during), MW_FUTURE_PENDING);
 
-    redis_pid = redis_start_at(sock, NULL);          /* empty */
+    redis_pid = redis_start(sock, false);          /* empty */
     int rc = mw_wait(during);
     assert_true(rc == 0 || rc == -ENOENT);           /* before or after the re-put */
     if (rc == 0)
@@ -489,23 +426,23 @@ static void store_away_times_out_and_recovers(void **state)
 static void hostile_entries_are_refused(void **state)
 {
     (void)state;
-    raw_cmd("FLUSHALL");
-    raw_cmd("SET mwtest:bad/0 garbage");
-    raw_cmd("SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
-    raw_cmd("SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
-    raw_cmd("SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
-    raw_cmd("SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
+    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(sock, false, "SET mwtest:bad/0 garbage");
+    redis_cmd(sock, false, "SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
+    redis_cmd(sock, false, "SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
+    redis_cmd(sock, false, "SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
+    redis_cmd(sock, false, "SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
                                    "region x -5\n");
-    raw_cmd("SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
-    raw_cmd("SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
+    redis_cmd(sock, false, "SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
+    redis_cmd(sock, false, "SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
     char *big = malloc(MW__DIR_VALUE_MAX + 100);
     memset(big, 'a', MW__DIR_VALUE_MAX + 99);
     big[MW__DIR_VALUE_MAX + 99] = 0;
-    raw_cmd("SET mwtest:bad/7 %s", big);
+    redis_cmd(sock, false, "SET mwtest:bad/7 %s", big);
     free(big);
-    raw_cmd("HSET mwtest:bad/8 f v");                                         /* not a string */
-    raw_cmd("SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
-    raw_cmd("SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
+    redis_cmd(sock, false, "HSET mwtest:bad/8 f v");                                         /* not a string */
+    redis_cmd(sock, false, "SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
+    redis_cmd(sock, false, "SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
                                     "region kv 4096\nserves 1\ntag t\n");
 
     mw_ctx_t *ctx = ctx_new();
@@ -531,7 +468,7 @@ static void hostile_entries_are_refused(void **state)
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
     assert_int_equal(s.joined, 1);
-    raw_cmd("SET mwtest:bad/9 garbage");                     /* a hostile change */
+    redis_cmd(sock, false, "SET mwtest:bad/9 garbage");                     /* a hostile change */
     run(ctx, 300, NULL);
     assert_int_equal(s.joined, 1);
     mw_dir_free(d);
@@ -544,7 +481,7 @@ static void watch_refused_without_notifications(void **state)
     char path[160], u[200];
     snprintf(path, sizeof path, "%s/noconfig.sock", tmpdir);
     snprintf(u, sizeof u, "unix:%s", path);
-    pid_t pid = redis_start_at(path, "no CONFIG");
+    pid_t pid = redis_start(path, true);
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *d = value_of(mw_dir_open(ctx, u, NULL), 0);
     assert_int_equal(mw_dir_watch(d, "job/", on_watch, NULL), -ENOTSUP);
@@ -644,8 +581,8 @@ int main(int argc, char **argv)
         snprintf(url, sizeof url, "%s", argv[2]);
         return publisher_main(argv[3], (unsigned)atoi(argv[4]));
     }
-    if (access(REDIS, X_OK)) {
-        printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS);
+    if (!redis_installed()) {
+        printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS_SERVER);
         return 77;
     }
     const struct CMUnitTest tests[] = {

@@ -1,0 +1,26 @@
+/* A real redis-server (Debian's) for the directory's tests, started by the
+ * test on a unix socket of its own, and a synchronous client to look at
+ * or tamper with what the store holds.  cmocka asserts. */
+#ifndef MW_TEST_REDIS_UTIL_H
+#define MW_TEST_REDIS_UTIL_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+
+#define REDIS_SERVER "/usr/bin/redis-server"
+
+/* redis_installed() - whether the server can be started (else: skip). */
+bool redis_installed(void);
+/* redis_start() - a server on @sock (nothing saved, no TCP), answering
+ * PING before this returns; @no_config: CONFIG renamed away, as managed
+ * stores do.  Fails the test after 5 s. */
+pid_t redis_start(const char *sock, bool no_config);
+/* redis_stop() - send @sig and reap it. */
+void redis_stop(pid_t pid, int sig);
+/* redis_cmd() - run a command on @sock; fails the test on an error reply.
+ * Return: the reply (freeReplyObject it), or NULL if @keep is false. */
+redisReply *redis_cmd(const char *sock, bool keep, const char *fmt, ...);
+
+#endif

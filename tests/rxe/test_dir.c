@@ -1,0 +1,329 @@
+/* The directory with RDMA: a peer reached by name, its shared regions read
+ * and written; the store restarted under transfers in flight; a
+ * communicator of 3 ranks (processes) formed through Redis, past a stale
+ * entry of an earlier run; one that cannot form names who is missing; a
+ * rank 0 that restarts with a new run makes the others start over. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "meshwire.h"
+#include "redis_util.h"
+#include "rxe_util.h"
+
+extern char **environ;
+static const char *addrs[2];
+static char self_path[4096], tmpdir[64], sock[128], url[160];
+static pid_t redis_pid;
+
+static void *value_of(mw_future_t *f, int want)
+{
+    assert_non_null(f);
+    mw_future_set_timeout(f, 60000);
+    int rc = mw_wait(f);
+    if (rc != want)
+        fail_msg("expected %d, got %d: %s", want, rc, mw_future_message(f));
+    void *v = mw_future_value(f);
+    mw_future_unref(f);
+    return v;
+}
+
+static mw_directory_t *open_dir(mw_ctx_t *ctx)
+{
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.lease_ms = 3000;
+    return value_of(mw_dir_open(ctx, url, &o), 0);
+}
+
+/* ------------------------------------------------------------------------
+ * Connect by name
+ * ------------------------------------------------------------------------ */
+
+#define KV_BYTES (4u << 20)
+
+struct accepted {
+    mw_conn_t *c[4];
+    int n;
+};
+
+static void keep(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct accepted *a = arg;
+    if (a->n < 4)
+        a->c[a->n++] = c;
+    else
+        mw_conn_abort(c);
+}
+
+static void connect_by_name_reaches_shared_regions(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_directory_t *srv = open_dir(ctx), *cli = open_dir(ctx);
+    uint8_t *kv = mw_alloc(ctx, KV_BYTES), *scratch = mw_alloc(ctx, 4096);
+    for (size_t i = 0; i < KV_BYTES; i++)
+        kv[i] = (uint8_t)(i * 7 + 3);
+    struct accepted acc = {0};
+    mw_dir_share_t shares[] = {{"kv", kv, KV_BYTES}, {"scratch", scratch, 4096}};
+    mw_dir_pub_t pub = {.listen = "*:0", .on_accept = keep, .arg = &acc,
+                        .shares = shares, .nshares = 2, .tag = "prefill"};
+    value_of(mw_dir_publish(srv, "job/prefill/3", &pub), 0);
+
+    mw_dir_list_t *l = value_of(mw_dir_lookup(cli, "job/prefill/3"), 0);
+    assert_int_equal(l->e[0].serves, 1);
+    assert_int_equal(l->e[0].nregions, 2);
+    assert_string_equal(l->e[0].regions[0].name, "kv");
+    assert_int_equal(l->e[0].regions[0].len, KV_BYTES);
+    printf("prefill/3 published at %s\n", l->e[0].addrs);
+    mw_dir_list_free(l);
+
+    mw_dir_peer_t *p = value_of(mw_dir_connect(cli, "job/prefill/3", NULL), 0);
+    assert_int_equal(p->nregions, 2);
+    const mw_remote_t *rkv = mw_dir_peer_region(p, "kv");
+    assert_non_null(rkv);
+    assert_int_equal(rkv->len, KV_BYTES);
+    assert_null(mw_dir_peer_region(p, "absent"));
+
+    uint8_t *buf = mw_alloc(ctx, KV_BYTES);
+    value_of(mw_read(p->conn, buf, KV_BYTES, rkv, 0), 0);
+    assert_memory_equal(buf, kv, KV_BYTES);
+    memset(buf, 0x5a, 4096);
+    value_of(mw_write(p->conn, buf, 4096, mw_dir_peer_region(p, "scratch"), 0), 0);
+    assert_int_equal(scratch[4095], 0x5a);
+    /* the table came first: the peer's own messages follow it unchanged */
+    assert_int_equal(acc.n, 1);
+    mw_future_t *sent = mw_send(acc.c[0], "hello", 5);
+    mw_msg_t *m = rxe_recv(p->conn, 5000);
+    assert_int_equal(m->len, 5);
+    assert_memory_equal(m->data, "hello", 5);
+    mw_msg_free(m);
+    value_of(sent, 0);
+    /* out of bounds of what was shared: refused */
+    value_of(mw_read(p->conn, buf, 8, mw_dir_peer_region(p, "scratch"), 4092), -ERANGE);
+
+    /* the store restarted while reads are in flight: they are not touched */
+    mw_future_t *reads[16];
+    for (int i = 0; i < 16; i++)
+        reads[i] = mw_read(p->conn, buf, KV_BYTES, rkv, 0);
+    redis_stop(redis_pid, SIGKILL);
+    redis_pid = redis_start(sock, false);
+    for (int i = 0; i < 16; i++)
+        value_of(reads[i], 0);
+    assert_memory_equal(buf, kv, KV_BYTES);
+    /* ...and the name is found again (re-published), a second peer connects */
+    mw_dir_peer_t *p2 = NULL;
+    for (int i = 0; i < 50 && !p2; i++) {
+        mw_future_t *f = mw_dir_connect(cli, "job/prefill/3", NULL);
+        if (mw_wait(f) == 0)
+            p2 = mw_future_value(f);
+        mw_future_unref(f);
+        if (!p2)
+            loop_for(ctx, 100);
+    }
+    assert_non_null(p2);
+    value_of(mw_read(p2->conn, buf, 4096, mw_dir_peer_region(p2, "kv"), 4096), 0);
+    assert_memory_equal(buf, kv + 4096, 4096);
+
+    /* names that lead nowhere */
+    value_of(mw_dir_connect(cli, "job/prefill/9", NULL), -ENOENT);
+    mw_dir_pub_t dead = {.addrs = "127.0.0.1:9"};   /* no RDMA there */
+    value_of(mw_dir_publish(srv, "job/dead/0", &dead), 0);
+    mw_conn_opts_t co;
+    mw_conn_opts_init(&co);
+    co.timeout_ms = 2000;
+    mw_future_t *f = mw_dir_connect(cli, "job/dead/0", &co);
+    assert_int_not_equal(mw_wait(f), 0);
+    printf("dead name: %s\n", mw_future_message(f));
+    mw_future_unref(f);
+
+    value_of(mw_conn_close(p->conn), 0);
+    value_of(mw_conn_close(p2->conn), 0);
+    for (int i = 0; i < acc.n; i++)
+        value_of(mw_conn_close(acc.c[i]), 0);
+    mw_dir_peer_free(p);
+    mw_dir_peer_free(p2);
+    mw_free(ctx, buf);
+    mw_dir_free(srv);
+    mw_dir_free(cli);
+    rxe_wait_conns_gone(ctx);
+    mw_free(ctx, kv);
+    mw_free(ctx, scratch);
+    mw_ctx_free(ctx);
+}
+
+/* ------------------------------------------------------------------------
+ * Communicators
+ * ------------------------------------------------------------------------ */
+
+/* One rank: form "JOB" through the directory, allreduce, barrier. */
+static int rank_main(const char *job, int rank, int nranks, unsigned timeout_ms)
+{
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        return 2;
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.lease_ms = 3000;
+    mw_future_t *df = mw_dir_open(ctx, url, &o);
+    if (mw_wait(df))
+        return 3;
+    mw_directory_t *d = mw_future_value(df);
+    mw_future_unref(df);
+    mw_comm_opts_t co;
+    mw_comm_opts_init(&co);
+    co.timeout_ms = timeout_ms;
+    mw_future_t *cf = mw_dir_comm_create(d, job, rank, nranks, &co);
+    int rc = mw_wait(cf);
+    if (rc) {
+        printf("rank %d: %s (%s)\n", rank, mw_strerror(rc), mw_future_message(cf));
+        bool named = strstr(mw_future_message(cf), "missing in the directory: ranks 2") != NULL;
+        mw_future_unref(cf);
+        mw_dir_free(d);
+        mw_ctx_free(ctx);
+        return rc == -ETIMEDOUT && named ? 4 : 5;
+    }
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    int32_t v[1000], sum[1000];
+    for (int i = 0; i < 1000; i++)
+        v[i] = rank * 1000 + i;
+    int bad = mw_wait(mw_allreduce(comm, v, sum, 1000, MW_INT32, MW_SUM)) != 0;
+    for (int i = 0; i < 1000 && !bad; i++)
+        bad = sum[i] != nranks * i + 1000 * nranks * (nranks - 1) / 2;
+    bad += mw_wait(mw_barrier(comm)) != 0;
+    loop_for(ctx, 500);                       /* meshwire.h, mw_comm_free */
+    mw_comm_free(comm);
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+    printf("rank %d: %s\n", rank, bad ? "wrong result" : "ok");
+    return bad ? 6 : 0;
+}
+
+static pid_t spawn_rank(const char *job, int rank, int nranks, unsigned timeout_ms)
+{
+    char a[4][32];
+    snprintf(a[0], sizeof a[0], "%d", rank);
+    snprintf(a[1], sizeof a[1], "%d", nranks);
+    snprintf(a[2], sizeof a[2], "%u", timeout_ms);
+    char *argv[] = {self_path, "rank", (char *)job, a[0], a[1], a[2], url, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+static int reap(pid_t pid)
+{
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void comm_forms_past_a_stale_entry(void **state)
+{
+    (void)state;
+    /* rank 2 of an earlier run, its lease still running, at an address
+     * where nothing listens */
+    redis_cmd(sock, false, "SET %s %s PX 60000", "mw:job1/rank/2",
+              "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000001\n"
+              "tag run=00000000deadbeef nranks=3\n");
+    pid_t p[3];
+    for (int r = 0; r < 3; r++)
+        p[r] = spawn_rank("job1", r == 0 ? 2 : r == 2 ? 0 : r, 3, 60000);  /* 2 first */
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(reap(p[r]), 0);
+}
+
+static void comm_missing_rank_is_named(void **state)
+{
+    (void)state;
+    /* rank 0 first, published before rank 1 starts its clock: on a slow
+     * VM opening the device takes seconds */
+    pid_t p0 = spawn_rank("job2", 0, 3, 8000);
+    for (int i = 0; i < 400; i++) {
+        redisReply *r = redis_cmd(sock, true, "EXISTS mw:job2/rank/0");
+        bool there = r->integer == 1;
+        freeReplyObject(r);
+        if (there)
+            break;
+        usleep(20000);
+    }
+    pid_t p1 = spawn_rank("job2", 1, 3, 4000);
+    assert_int_equal(reap(p0), 4);           /* -ETIMEDOUT, and the output names rank 2 */
+    assert_int_equal(reap(p1), 4);
+}
+
+static void comm_restarted_rank0_starts_over(void **state)
+{
+    (void)state;
+    /* ranks 1 and 2 find a rank 0 of an earlier run (dead) and try it,
+     * then the new rank 0 comes with a new run */
+    redis_cmd(sock, false, "SET %s %s PX 60000", "mw:job3/rank/0",
+              "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000002\n"
+              "tag run=00000000cafef00d nranks=3\n");
+    pid_t p1 = spawn_rank("job3", 1, 3, 60000), p2 = spawn_rank("job3", 2, 3, 60000);
+    sleep(2);
+    pid_t p0 = spawn_rank("job3", 0, 3, 60000);
+    assert_int_equal(reap(p0), 0);
+    assert_int_equal(reap(p1), 0);
+    assert_int_equal(reap(p2), 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/mw-rxedir-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    snprintf(sock, sizeof sock, "%s/redis.sock", tmpdir);
+    snprintf(url, sizeof url, "unix:%s", sock);
+    redis_pid = redis_start(sock, false);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    redis_stop(redis_pid, SIGTERM);
+    unlink(sock);
+    rmdir(tmpdir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rxe_require(2, addrs);
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
+    if (argc == 7 && !strcmp(argv[1], "rank")) {
+        snprintf(url, sizeof url, "%s", argv[6]);
+        return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), (unsigned)atoi(argv[5]));
+    }
+    if (!redis_installed()) {
+        printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS_SERVER);
+        return SKIP_EXIT;
+    }
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(connect_by_name_reaches_shared_regions),
+        cmocka_unit_test(comm_forms_past_a_stale_entry),
+        cmocka_unit_test(comm_missing_rank_is_named),
+        cmocka_unit_test(comm_restarted_rank0_starts_over),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
