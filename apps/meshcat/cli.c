@@ -21,7 +21,7 @@
 
 enum opt_id {
     O_LISTEN, O_TO, O_PORT, O_OUTPUT, O_FORCE, O_QUIET, O_VERBOSE, O_PROGRESS,
-    O_TIMEOUT, O_CHUNK, O_WINDOW, O_ACK_TIMEOUT, O_HELP, O_VERSION,
+    O_TIMEOUT, O_CHUNK, O_WINDOW, O_ACK_TIMEOUT, O_DIR, O_NAME, O_HELP, O_VERSION,
 };
 
 enum opt_arg { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL };
@@ -46,6 +46,8 @@ static const struct opt_def opt_defs[] = {
     {"chunk", 0, O_CHUNK, ARG_REQUIRED},
     {"window", 0, O_WINDOW, ARG_REQUIRED},
     {"ack-timeout", 0, O_ACK_TIMEOUT, ARG_REQUIRED},
+    {"dir", 0, O_DIR, ARG_REQUIRED},
+    {"name", 0, O_NAME, ARG_REQUIRED},
     {"help", 'h', O_HELP, ARG_NONE},
     {"version", 'V', O_VERSION, ARG_NONE},
 };
@@ -312,6 +314,16 @@ static enum mc_parse_result apply_value(struct state *s, enum opt_id id, const c
         return opt_window(s, val);
     case O_ACK_TIMEOUT:
         return opt_ack_timeout(s, val);
+    case O_DIR:
+        if (!val[0])
+            return fail(s, "empty URL for --dir");
+        s->a->dir = val;
+        return MC_PARSE_OK;
+    case O_NAME:
+        if (!val[0] || !strchr(val, '/'))
+            return fail(s, "--name '%s': a directory name has a '/' (job/role/id)", val);
+        s->a->name = val;
+        return MC_PARSE_OK;
     default:
         return fail(s, "internal error: option %d given a value", (int)id);
     }
@@ -594,6 +606,8 @@ static enum mc_parse_result finish_recv(struct state *s, char **ops, int nops)
         return fail(s, "unexpected argument '%s': -l takes no HOST or FILE", ops[0]);
     if (endpoint_parse(spec, s->port, &s->a->listen, why, sizeof why))
         return fail(s, "bad listen address '%s': %s", spec, why);
+    if (s->a->name && !s->a->dir)
+        return fail(s, "--name needs --dir URL (the directory to publish in)");
     s->a->mode = MC_RECV;
     return MC_PARSE_OK;
 }
@@ -607,6 +621,15 @@ static enum mc_parse_result finish_send(struct state *s, char **ops, int nops)
     if (s->a->force)
         return fail(s, "-f/--force is only for receiving (-l)");
     s->a->mode = MC_SEND;
+    if (s->a->name)
+        return fail(s, "--name is for receiving (-l); to send to a name, give it as HOST");
+    if (!s->nto_lists && strchr(ops[0], '/') && !looks_like_host(ops[0])) {
+        if (!s->a->dir)
+            return fail(s, "'%s' is a directory name: give --dir URL to look it up", ops[0]);
+        s->a->name = ops[0];             /* a receiver found by name */
+        s->a->nto = 1;
+        return set_files(s, ops + 1, nops - 1);
+    }
     if (!s->nto_lists) {
         r = add_receiver(s, ops[0], NULL);
         return r != MC_PARSE_OK ? r : set_files(s, ops + 1, nops - 1);
@@ -672,6 +695,7 @@ static const char *const usage_text[] = {
     "  meshcat -l [ADDR][:PORT] [-o PATH] [-f] [options]       receive",
     "  meshcat [options] HOST[:PORT] [FILE...]                 send",
     "  meshcat [options] --to HOST[:PORT],HOST[:PORT],... [FILE...]",
+    "  meshcat --dir URL -l --name NAME / meshcat --dir URL NAME [FILE...]",
     "",
     "Copies files over RDMA, netcat-style.  With no FILE, the sender sends its",
     "standard input.  With --to, the same data goes to every receiver listed.",
@@ -698,6 +722,11 @@ static const char *const usage_text[] = {
     "      --chunk SIZE        bytes per RDMA chunk; K and M suffixes mean",
     "                          KiB and MiB; 4K..64M (default 1M)",
     "      --window N          chunks in flight, 1..64 (default 8)",
+    "      --dir URL           a meshwire directory (redis://HOST[:PORT] or",
+    "                          unix:PATH): with -l, --name NAME publishes the",
+    "                          receiver there; sending, a HOST with a '/' is a",
+    "                          name looked up there",
+    "      --name NAME         receive: publish as NAME (job/role/id)",
     "      --ack-timeout MS    how long the NIC waits for an acknowledgement",
     "                          before resending, decimals allowed (default:",
     "                          meshwire's, 16.8, on soft-RoCE 134; 0: rdma_cm's,",
@@ -721,6 +750,8 @@ static const char *const usage_text[] = {
     "  meshcat node1 disk.img                   send disk.img to node1:7471",
     "  tar c dir | meshcat 10.0.0.2:9000        send a stream from stdin",
     "  meshcat --to node1,node2,[fe80::3]:9000 a.bin b.bin    fan-out to three",
+    "  meshcat --dir redis://10.0.0.1 -l --name job/sink/0   receive, found by name",
+    "  meshcat --dir redis://10.0.0.1 job/sink/0 a.bin       send to that name",
 };
 
 void mc_usage(FILE *f)

@@ -3,6 +3,7 @@
  *   meshcat -l [ADDR][:PORT] [-o PATH] [-f]              receive
  *   meshcat [opts] HOST[:PORT] [FILE...]                 send (no FILE: stdin)
  *   meshcat [opts] --to HOST[:PORT],HOST[:PORT],... [FILE...]    fan-out
+ *   meshcat --dir URL -l --name NAME / meshcat --dir URL NAME [FILE...]
  *
  * Parsing only: nothing here opens files, resolves names or prints, except
  * mc_usage() and mc_version() which print what they are asked to.  No global
@@ -54,6 +55,10 @@ struct mc_args {
     size_t chunk;                   /* MC_CHUNK_MIN..MC_CHUNK_MAX */
     unsigned window;                /* 1..MC_WINDOW_MAX */
     int64_t ack_timeout_us;         /* --ack-timeout; -1: meshwire's default */
+    const char *dir;                /* --dir URL: a meshwire directory, or NULL */
+    const char *name;               /* MC_RECV: --name, published in it; MC_SEND:
+                                       the HOST operand when it is a directory
+                                       name (has a '/'); else NULL */
     char **files;                   /* MC_SEND: argv's FILE arguments, in order;
                                        NULL when nfiles is 0 (send stdin) */
     int nfiles;

@@ -114,29 +114,44 @@ static void pause_ms(mw_ctx_t *ctx, unsigned ms)
     mw_future_unref(f);
 }
 
-/* A refused connection is retried until the deadline: the receiver may be
- * starting at the same moment (as in scripts). */
-int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, const char *name,
-                   const mw_conn_opts_t *o)
+/* The connection of a connect future that succeeded (by name: the peer's
+ * regions are not used here). */
+static mw_conn_t *conn_of(mw_future_t *f, bool by_name)
+{
+    if (!by_name)
+        return mw_future_value(f);
+    mw_dir_peer_t *p = mw_future_value(f);
+    mw_conn_t *c = p->conn;
+    mw_dir_peer_free(p);
+    return c;
+}
+
+/* A refused connection (or, by name, one not yet published) is retried
+ * until the deadline: the receiver may be starting at the same moment (as
+ * in scripts). */
+int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, mw_directory_t *dir,
+                   const char *name, const mw_conn_opts_t *o)
 {
     mw_ctx_t *ctx = k->ctx;
     unsigned timeout_ms = o->timeout_ms;
     double deadline = mc_now() + timeout_ms / 1000.0;
     for (;;) {
-        mw_future_t *f = mw_connect(ctx, name, o);
+        mw_future_t *f = dir ? mw_dir_connect(dir, name, o) : mw_connect(ctx, name, o);
         if (!f)
             return -ENOMEM;
         mw_future_set_timeout(f, timeout_ms + 1000);
         int rc = mw_wait(f);
         if (!rc) {
-            mc_hop_start(h, k, mw_future_value(f), name);
+            mc_hop_start(h, k, conn_of(f, dir != NULL), name);
             mw_future_unref(f);
             return 0;
         }
-        bool retry = rc == -ECONNREFUSED && mc_now() + 0.2 < deadline;
+        bool retry = (rc == -ECONNREFUSED || (dir && rc == -ENOENT)) &&
+                     mc_now() + 0.2 < deadline;
         if (!retry) {
             snprintf(h->why, sizeof h->why, "%s: %s", name,
                      rc == -ECONNREFUSED ? "connection refused (is meshcat -l running there?)"
+                     : rc == -ENOENT     ? "not in the directory (is meshcat -l --name running?)"
                      : rc == -ETIMEDOUT  ? "no answer (unreachable, or not an RDMA peer?)"
                                          : mw_future_message(f));
             h->err = rc;

@@ -48,8 +48,8 @@ struct mc_hop {
 void mc_hop_start(struct mc_hop *h, struct mc_waker *k, mw_conn_t *c, const char *name);
 /* mc_hop_connect() - connect to @name ("host:port"), wait at most
  * @o->timeout_ms. */
-int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, const char *name,
-                   const mw_conn_opts_t *o);
+int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, mw_directory_t *dir,
+                   const char *name, const mw_conn_opts_t *o);
 /* mc_hop_next() - wait for the next queued message (not CREDIT); 0, or the
  * hop's error (a peer's ERROR included).  Runs the loop: not from callbacks. */
 int mc_hop_next(struct mc_hop *h, struct mc_msg *out);

@@ -335,6 +335,20 @@ static int receive_file(struct receiver *x, const struct mc_msg *fm)
 
 /* --- the session ---------------------------------------------------------- */
 
+/* Listen on @addr and publish it under --name (a sender connecting by
+ * name takes the directory's region table first: meshcat shares none). */
+static int publish_name(struct receiver *x, const char *addr, const mw_conn_opts_t *o)
+{
+    mw_dir_pub_t pub = {.listen = addr, .conn = o, .on_accept = on_accept, .arg = x,
+                        .tag = "meshcat"};
+    mw_future_t *f = mw_dir_publish(x->s.dir, x->s.a->name, &pub);
+    int rc = f ? mw_wait(f) : -ENOMEM;
+    if (rc)
+        mc_say(&x->s, -1, "publishing %s: %s", x->s.a->name, f ? mw_future_message(f) : "");
+    mw_future_unref(f);
+    return rc;
+}
+
 static int accept_one(struct receiver *x)
 {
     const struct mc_args *a = x->s.a;
@@ -343,14 +357,17 @@ static int accept_one(struct receiver *x)
              a->listen.host[0] ? a->listen.host : "*", a->listen.port);
     mw_conn_opts_t o;
     mc_conn_opts(a, &o);
-    int rc = mw_listen(x->s.ctx, addr, &o, on_accept, x, &x->listener);
+    int rc = a->name ? publish_name(x, addr, &o)
+                     : mw_listen(x->s.ctx, addr, &o, on_accept, x, &x->listener);
     if (rc) {
         mc_say(&x->s, -1, "cannot listen on %s: %s", addr, mw_strerror(rc));
         return rc;
     }
-    mc_say(&x->s, 1, "listening on %s", addr);
+    mc_say(&x->s, 1, "listening on %s%s%s", addr, a->name ? " as " : "", a->name ? a->name : "");
     while (!x->accepted && !x->s.interrupted)
         mc_sleep(&x->s.k);
+    if (a->name)
+        mw_future_unref(mw_dir_unpublish(x->s.dir, a->name));   /* one sender: done */
     mw_listener_free(x->listener);
     x->listener = NULL;
     if (!x->accepted)
@@ -372,7 +389,7 @@ static int open_down(struct receiver *x, const char *hops)
     rest += *rest == ',';
     mw_conn_opts_t o;
     mc_conn_opts(x->s.a, &o);
-    if (mc_hop_connect(&x->down, &x->s.k, next, &o))
+    if (mc_hop_connect(&x->down, &x->s.k, NULL, next, &o))
         return -ECONNREFUSED;
     struct mc_msg m = {.type = MC_HELLO, .a = x->chunk, .b = x->window}, r;
     snprintf(m.text, sizeof m.text, "%s", rest);

@@ -192,11 +192,14 @@ static int open_chain(struct sender *x)
 {
     const struct mc_args *a = x->s.a;
     char first[300];
-    snprintf(first, sizeof first, strchr(a->to[0].host, ':') ? "[%s]:%d" : "%s:%d",
-             a->to[0].host, a->to[0].port);
+    if (a->name)
+        snprintf(first, sizeof first, "%s", a->name);
+    else
+        snprintf(first, sizeof first, strchr(a->to[0].host, ':') ? "[%s]:%d" : "%s:%d",
+                 a->to[0].host, a->to[0].port);
     mw_conn_opts_t o;
     mc_conn_opts(a, &o);
-    if (mc_hop_connect(&x->down, &x->s.k, first, &o))
+    if (mc_hop_connect(&x->down, &x->s.k, a->name ? x->s.dir : NULL, first, &o))
         return fail_hop(x);
     struct mc_msg m = {.type = MC_HELLO, .a = a->chunk, .b = a->window};
     for (int i = 1; i < a->nto; i++) {

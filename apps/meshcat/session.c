@@ -96,6 +96,22 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     mc_kick(&s->k);
 }
 
+static int open_dir(struct mc_session *s)
+{
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.timeout_ms = (unsigned)(s->a->timeout_s * 1000);
+    mw_future_t *f = mw_dir_open(s->ctx, s->a->dir, &o);
+    if (!f || mw_wait(f)) {
+        mc_say(s, -1, "directory %s: %s", s->a->dir, f ? mw_future_message(f) : "out of memory");
+        mw_future_unref(f);
+        return -1;
+    }
+    s->dir = mw_future_value(f);
+    mw_future_unref(f);
+    return 0;
+}
+
 int mc_session_init(struct mc_session *s, const struct mc_args *a, void (*react)(void *),
                     void *arg)
 {
@@ -106,6 +122,8 @@ int mc_session_init(struct mc_session *s, const struct mc_args *a, void (*react)
     if (mw_ctx_new(&s->ctx, s->base, NULL) < 0)
         return -1;
     s->k = (struct mc_waker){.ctx = s->ctx, .react = react, .arg = arg};
+    if (a->dir && open_dir(s) < 0)
+        return -1;
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
     if (!s->sigint || !s->sigterm)
@@ -134,6 +152,7 @@ void mc_session_free(struct mc_session *s)
         event_free(s->sigint);
     if (s->sigterm)
         event_free(s->sigterm);
+    mw_dir_free(s->dir);
     if (s->ctx)
         mw_ctx_free(s->ctx);
     if (s->base)

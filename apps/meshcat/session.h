@@ -19,6 +19,7 @@ struct event;
 struct mc_session {
     const struct mc_args *a;
     mw_ctx_t *ctx;
+    mw_directory_t *dir;          /* --dir: opened with the session */
     struct event_base *base;
     struct mc_waker k;
     struct event *tick, *sigint, *sigterm;

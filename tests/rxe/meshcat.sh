@@ -3,8 +3,8 @@
 # 0 B .. 100 MB byte-identical (sha256; the demo sends 300 MB), several
 # files at once,
 # stdin -> stdout, names sanitised, no overwrite without -f, two receivers
-# into one directory at once, a refused connection, and a sender or receiver
-# killed mid-transfer.
+# into one directory at once, a refused connection, a receiver found by
+# its directory name, and a sender or receiver killed mid-transfer.
 #   meshcat.sh MESHCAT      (run by meson in the rxe suite)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
@@ -140,6 +140,29 @@ mid_transfer() {
     done
     return 1
 }
+
+# by directory name: a redis-server of the test's own; the receiver
+# publishes itself, the sender (started first) waits for the name to appear
+if [[ -x /usr/bin/redis-server ]]; then
+    /usr/bin/redis-server --port 0 --unixsocket "$W/redis.sock" --save '' --appendonly no \
+        --loglevel warning >/dev/null & redis=$!
+    for _ in $(seq 100); do [[ -S $W/redis.sock ]] && break; sleep 0.05; done
+    D=(--dir "unix:$W/redis.sock")
+    mkdir out/byname
+    "$MC" -q -t 20 "${D[@]}" job/sink/0 src/mib+1 2>send.err & spid=$!
+    sleep 0.5
+    "$MC" -q -t 20 "${D[@]}" -l "$dst:$port" --name job/sink/0 -o out/byname 2>recv.err; r=$?
+    wait $spid; s=$?
+    if ((s == 0 && r == 0)) && cmp -s src/mib+1 out/byname/mib+1; then
+        ok "to a directory name: identical, the sender waited for the name"
+    else bad "by name: send $s recv $r: $(cat send.err recv.err)"; fi
+    "$MC" -q -t 2 "${D[@]}" job/sink/9 src/one 2>send.err; s=$?
+    if ((s == 1)) && grep -q "not in the directory" send.err; then
+        ok "an unknown name: exit $s ($(cat send.err))"
+    else bad "unknown name: exit $s: $(cat send.err)"; fi
+    kill $redis; wait $redis 2>/dev/null
+    next_port
+else bad "redis-server not installed (scripts/setup installs it)"; fi
 
 # the kill tests need a transfer still under way when they strike: a file
 # large enough whatever the speed (its bytes do not matter)

@@ -428,6 +428,32 @@ static void test_cli_mode_errors(void **state)
     USAGE("-o/--output", "-l", "-o", "");
 }
 
+static void test_cli_directory_names(void **state)
+{
+    (void)state;
+    struct cmdline c;
+
+    OK(&c, "--dir", "redis://10.0.0.1", "-l", "--name", "job/sink/0");
+    assert_int_equal(c.a.mode, MC_RECV);
+    assert_string_equal(c.a.dir, "redis://10.0.0.1");
+    assert_string_equal(c.a.name, "job/sink/0");
+    OK(&c, "--dir=unix:/run/r.sock", "job/sink/0", "a.bin", "b.bin");
+    assert_int_equal(c.a.mode, MC_SEND);
+    assert_string_equal(c.a.name, "job/sink/0");
+    assert_int_equal(c.a.nto, 1);
+    assert_int_equal(c.a.nfiles, 2);
+    OK(&c, "--dir", "redis://h", "node1", "dir/a.bin");    /* a host stays a host */
+    assert_null(c.a.name);
+    assert_string_equal(c.a.to[0].host, "node1");
+    assert_string_equal(c.a.files[0], "dir/a.bin");
+
+    USAGE("--dir URL", "job/sink/0", "a.bin");             /* a name without a directory */
+    USAGE("--dir URL", "-l", "--name", "job/sink/0");
+    USAGE("--name is for receiving", "--dir", "redis://h", "--name", "a/b", "node1");
+    USAGE("has a '/'", "--dir", "redis://h", "-l", "--name", "flat");
+    USAGE("empty URL", "--dir", "", "node1");
+}
+
 static void test_cli_to_list_errors(void **state)
 {
     (void)state;
@@ -1264,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_cli_unknown_and_missing),
         cmocka_unit_test(test_cli_bad_numbers),
         cmocka_unit_test(test_cli_mode_errors),
+        cmocka_unit_test(test_cli_directory_names),
         cmocka_unit_test(test_cli_to_list_errors),
         cmocka_unit_test(test_cli_duplicate_basenames),
         cmocka_unit_test(test_cli_err_may_be_null),
