@@ -34,6 +34,14 @@ sent_pkts() {
 # same_24 A B: true when A and B share their first three octets.
 same_24() { [[ ${1%.*} == "${2%.*}" ]]; }
 
+# mesh_barrier NAME: wait (at most 180 s) until every node of the mesh got
+# here, through files in MW_SHARED.
+mesh_arrived() { (($(ls "$MW_SHARED" | grep -cF "barrier.$1.") >= MW_NODES)); }
+mesh_barrier() {
+    touch "$MW_SHARED/barrier.$1.$MW_NODE"
+    retry 180 mesh_arrived "$1"
+}
+
 # retry SECS CMD...: run CMD until it succeeds or SECS pass.
 retry() {
     local deadline=$((SECONDS + $1)); shift

@@ -41,10 +41,8 @@ dropped() {     # packets netem dropped on this node's links so far
 }
 trap 'netem off; rm -rf "$W"' EXIT
 fail() { echo "FAIL: node$MW_NODE: $*"; exit 1; }
-all_arrived() { (($(ls "$MW_SHARED" | grep -cF "lossy.$1.") >= MW_NODES)); }
 barrier() {     # barrier NAME: wait until every node got here
-    touch "$MW_SHARED/lossy.$1.$MW_NODE"
-    retry 180 all_arrived "$1" || fail "barrier $1: not every node arrived"
+    mesh_barrier "lossy.$1" || fail "barrier $1: not every node arrived"
 }
 elapsed() { echo $((SECONDS - $1)); }
 

@@ -119,6 +119,51 @@ static uint64_t run_collectives(int per_node)
     return st.local_connections;
 }
 
+/* A communicator formed through the directory (MW_DIRECTORY, a Redis that
+ * tests/mesh/dir.sh runs on node0): no host file, no MW_PEERS. */
+static void communicator_through_the_directory(void **state)
+{
+    (void)state;
+    if (!getenv("MW_DIRECTORY"))
+        skip();                      /* dir.sh runs it, with the store */
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_directory_t *d = NULL;
+    for (int i = 0; i < 20 && !d; i++) {      /* node0's store may be starting */
+        mw_future_t *f = mw_dir_open(ctx, NULL, NULL);
+        if (mw_wait(f) == 0)
+            d = mw_future_value(f);
+        else
+            fprintf(stderr, "node%d: %s (retrying)\n", me, mw_future_message(f));
+        mw_future_unref(f);
+    }
+    assert_non_null(d);
+    mw_comm_opts_t o;
+    mw_comm_opts_init(&o);
+    o.timeout_ms = 60000;
+    double t0 = now();
+    mw_future_t *cf = mw_dir_comm_create(d, "mesh", me, nodes, &o);
+    if (mw_wait(cf))
+        fail_msg("node%d: dir_comm_create: %s", me, mw_future_message(cf));
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    printf("node%d: communicator of %d formed through the directory in %.3f s\n", me, nodes,
+           now() - t0);
+    size_t n = 4096;
+    float *x = malloc(n * sizeof *x);
+    fill(x, MW_F32, n, me, 3);
+    wait_ok(mw_allreduce(comm, x, x, n, MW_F32, MW_SUM), "allreduce");
+    float *ref = reference(MW_F32, MW_SUM, n, nodes, 3);
+    assert_memory_equal(x, ref, n * sizeof *x);
+    free(ref);
+    free(x);
+    wait_ok(mw_barrier(comm), "barrier");
+    loop_for(ctx, 1500);             /* meshwire.h, mw_comm_free */
+    mw_comm_free(comm);
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
 static void collectives_across_the_mesh(void **state)
 {
     (void)state;
@@ -190,6 +235,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(collectives_across_the_mesh),
         cmocka_unit_test(mixed_communicator_two_ranks_per_node),
+        cmocka_unit_test(communicator_through_the_directory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
