@@ -1318,8 +1318,8 @@ MW_EXTERN mw_future_t *mw_dir_connect(mw_directory_t *d, const char *name, const
  * A run: rank 0 draws a random run number and publishes it; the other
  * ranks take the one of the rank 0 they find and publish with it, and
  * form a communicator only from entries of that run, whose ranks check it
- * again in the mesh's handshake (it is the communicator's job identity,
- * with @opts->job or the launcher's job id when set).  So a stale entry
+ * again in the mesh's handshake (the communicator's job identity is @job
+ * and the run, with @opts->job when set).  So a stale entry
  * of an earlier run (a process killed, its lease not yet expired; or one
  * still alive) never joins: it is waited past until its rank publishes
  * anew.  A rank 0 that appears with a new run (it restarted) makes the

@@ -212,7 +212,7 @@ int mw__dir_table_decode(const uint8_t *buf, size_t len, char *text, const char 
             return *why = "a truncated region table", -EPROTO;
         memcpy(text, buf + off + 1, nl);
         text[nl] = 0;
-        if (!mw__dir_region_name_ok(text))
+        if (strlen(text) != nl || !mw__dir_region_name_ok(text))
             return *why = "a malformed region name", -EPROTO;
         names[i] = text;
         text += nl + 1;
