@@ -1273,8 +1273,9 @@ typedef void (*mw_dir_watch_fn)(mw_directory_t *d, int event, const mw_dir_entry
 /**
  * mw_dir_watch() - call @fn for every entry under @prefix present now
  * (JOINED each, then SYNCED) and then for every change, as the store
- * reports it (keyspace notifications, no polling), on the loop; an
- * entry's lease renewals are not changes.
+ * reports it (keyspace notifications, no polling), in order, from the
+ * loop (never inside another meshwire call: @fn may unwatch, or free the
+ * directory); an entry's lease renewals are not changes.
  * Return: a watch id >= 1 for mw_dir_unwatch(), or -EINVAL, -ENOMEM,
  * -ENOTSUP (the store sends no notifications; also reported later, by a
  * log line, when a store that restarted refuses them).
@@ -1327,9 +1328,12 @@ MW_EXTERN mw_future_t *mw_dir_connect(mw_directory_t *d, const char *name, const
  *
  * Return: as mw_comm_create: a future whose value is the mw_comm_t *;
  * -ETIMEDOUT at @opts->timeout_ms naming the ranks not found (or found
- * only from another run), -EINVAL for bad arguments.  The rank's entry
- * stays published until mw_dir_free() (or mw_dir_unpublish() of its
- * name): peers watching "@job/rank/" see a rank that dies leave.
+ * only from another run), -EINVAL for bad arguments, -ECANCELED when
+ * cancelled (mw_future_cancel, or a deadline set on the future: the rank
+ * stops at once).  Formed, the rank's entry stays published until
+ * mw_dir_free() (or mw_dir_unpublish() of its name): peers watching
+ * "@job/rank/" see a rank that dies leave.  A creation that fails or is
+ * cancelled removes it.
  */
 MW_EXTERN mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, int nranks,
                                           const mw_comm_opts_t *opts);

@@ -14,6 +14,7 @@
 
 #include "core/alloc.h"
 #include "core/ctx.h"
+#include "core/future.h"
 #include "dir/dir.h"
 #include "dir/entry.h"
 
@@ -70,6 +71,8 @@ static void finish(struct dcomm *dc, mw_comm_t *comm, int err, const char *msg)
     event_del(dc->deadline);
     if (dc->watch > 0)
         mw_dir_unwatch(dc->d, dc->watch);
+    if (err)                 /* a rank that gave up is no rank to wait for */
+        mw_future_unref(mw_dir_unpublish(dc->d, dc->name));
     if (err)
         mw_future_fail(dc->f, err, "%s", msg);
     else if (mw_future_resolve(dc->f, comm) < 0)
@@ -105,6 +108,13 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
              "%u ms; missing in the directory: ranks %s", dc->job, dc->rank, dc->nranks,
              dc->opts.timeout_ms, *who ? who : "none (the mesh did not connect)");
     finish(dc, NULL, -ETIMEDOUT, msg);
+}
+
+/* The caller cancelled, or set a deadline that passed. */
+static void on_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    finish(arg, NULL, -ECANCELED, "directory communicator: cancelled");
 }
 
 static void on_published(mw_future_t *f, void *arg)
@@ -223,9 +233,6 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
                 dc->job, e->name, e->tag);
         return;
     }
-    mw__log(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
-            "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,
-            run == dc->run ? "" : " (not ours)");
     char *a = mw__malloc(strlen(e->addrs) + 1);
     if (!a)
         return;
@@ -238,6 +245,9 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
         publish(dc);
         changed = true;
     }
+    mw__log(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
+            "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,
+            run == dc->run ? "" : " (another run: waited past)");
     if (changed && dc->cf && r != dc->rank) {
         dc->restart = true;
         mw_future_cancel(dc->cf);        /* on_formed starts over */
@@ -317,6 +327,7 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
     }
     struct timeval tv = {dc->opts.timeout_ms / 1000, (dc->opts.timeout_ms % 1000) * 1000};
     mw__ev_add(ctx, dc->deadline, &tv);
+    mw__future_on_cancel(f, on_cancel, dc);
     dc->end_ms = mw__now_ms() + dc->opts.timeout_ms;
     if (rank == 0) {
         dc->run = random_run();

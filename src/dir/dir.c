@@ -63,11 +63,23 @@ struct known {
     uint64_t seen;                   /* the sync it was last seen in */
 };
 
+/* A change a watch reports, queued: the caller's function runs from the
+ * loop, never inside the store client's callbacks (where freeing the
+ * directory would pull the client from under itself). */
+struct wevent {
+    struct wevent *next;
+    int kind;
+    struct mw__dir_entry *e;         /* a reference, or NULL */
+};
+
 struct watch {
     struct mw__dir *d;
+    uint64_t dh;                     /* d's handle, for the caller's function */
     struct mw__list link;
     int id, refs;
     bool gone;
+    struct wevent *qhead, **qtail;
+    struct mw__task drain;
     char key[KEY_MAX];               /* key prefix */
     mw_dir_watch_fn fn;
     void *arg;
@@ -536,14 +548,32 @@ mw_future_t *mw_dir_list(mw_directory_t *h, const char *prefix)
  * Watches
  * ------------------------------------------------------------------------ */
 
+static void entry_unref(struct mw__dir_entry *e)
+{
+    if (e && !--e->refs)
+        mw__free(e);
+}
+
+static struct wevent *wevent_pop(struct watch *w)
+{
+    struct wevent *ev = w->qhead;
+    if (ev && !(w->qhead = ev->next))
+        w->qtail = &w->qhead;
+    return ev;
+}
+
 static void watch_unref(struct watch *w)
 {
     if (--w->refs)
         return;
+    for (struct wevent *ev; (ev = wevent_pop(w));) {
+        entry_unref(ev->e);
+        mw__free(ev);
+    }
     while (!mw__list_empty(&w->known)) {
         struct known *k = mw__list_first(&w->known, struct known, link);
         mw__list_del(&k->link);
-        mw__free(k->e);
+        entry_unref(k->e);
         mw__free(k);
     }
     if (w->sweep_ev)
@@ -560,17 +590,39 @@ static struct known *known_find(struct watch *w, const char *name)
     return NULL;
 }
 
-static void tell(struct watch *w, int event, const mw_dir_entry_t *e)
+/* Run the caller's function for what is queued; it may unwatch or free
+ * the directory (then the rest is dropped). */
+static void on_drain(struct mw__task *t)
 {
-    if (!w->gone)
-        w->fn(MW__HANDLE_PTR(mw_directory_t, w->d->h), event, e, w->arg);
+    struct watch *w = mw__container_of(t, struct watch, drain);
+    w->refs++;
+    for (struct wevent *ev; !w->gone && (ev = wevent_pop(w));) {
+        w->fn(MW__HANDLE_PTR(mw_directory_t, w->dh), ev->kind, ev->e ? &ev->e->pub : NULL,
+              w->arg);
+        entry_unref(ev->e);
+        mw__free(ev);
+    }
+    watch_unref(w);
+}
+
+static void tell(struct watch *w, int event, struct mw__dir_entry *e)
+{
+    struct wevent *ev = w->gone ? NULL : mw__calloc(1, sizeof *ev);
+    if (!ev)
+        return;
+    *ev = (struct wevent){.kind = event, .e = e};
+    if (e)
+        e->refs++;
+    *w->qtail = ev;
+    w->qtail = &ev->next;
+    mw__defer(w->d->ctx, &w->drain);
 }
 
 static void known_drop(struct watch *w, struct known *k)
 {
     mw__list_del(&k->link);
-    tell(w, MW_DIR_LEFT, &k->e->pub);
-    mw__free(k->e);
+    tell(w, MW_DIR_LEFT, k->e);
+    entry_unref(k->e);
     mw__free(k);
 }
 
@@ -580,19 +632,19 @@ static void known_set(struct watch *w, struct mw__dir_entry *e)
     struct known *k = known_find(w, e->pub.name);
     bool same = k && k->e->pub.instance == e->pub.instance;
     if (!k && !(k = mw__calloc(1, sizeof *k))) {
-        mw__free(e);
+        entry_unref(e);
         return;
     }
     if (!k->e)
         mw__list_add_tail(&w->known, &k->link);
     k->seen = w->gen;
     if (same) {
-        mw__free(e);
+        entry_unref(e);
         return;
     }
-    mw__free(k->e);
+    entry_unref(k->e);
     k->e = e;
-    tell(w, MW_DIR_JOINED, &e->pub);
+    tell(w, MW_DIR_JOINED, e);
 }
 
 struct watch_get {
@@ -685,6 +737,9 @@ int mw_dir_watch(mw_directory_t *h, const char *prefix, mw_dir_watch_fn fn, void
         return -EINVAL;
     }
     w->d = d;
+    w->dh = d->h;
+    w->qtail = &w->qhead;
+    w->drain.fn = on_drain;
     w->refs = 1;
     w->fn = fn;
     w->arg = arg;
@@ -701,6 +756,7 @@ static void watch_remove(struct watch *w)
     w->gone = true;
     mw__list_del(&w->link);
     event_del(w->sweep_ev);
+    mw__defer_cancel(w->d->ctx, &w->drain);
     watch_unref(w);
 }
 

@@ -134,6 +134,7 @@ int mw__dir_entry_decode(const char *name, const char *val, size_t len,
     char *nm = d->text, *t = d->text + nl + 1;
     memcpy(nm, name, nl + 1);
     memcpy(t, val, len);
+    d->refs = 1;
     d->pub.name = nm;
     d->pub.regions = d->regions;
     d->pub.tag = "";

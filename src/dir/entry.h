@@ -18,8 +18,10 @@
 #define MW__DIR_REGION_NAME_MAX 63
 #define MW__DIR_REGIONS_MAX 64
 
-/* A decoded entry: one allocation, strings inside; free with mw__free. */
+/* A decoded entry: one allocation, strings inside; free with mw__free
+ * (or, where it is shared, when the last of @refs goes: decoding sets 1). */
 struct mw__dir_entry {
+    int refs;
     mw_dir_entry_t pub;
     mw_dir_region_info_t regions[MW__DIR_REGIONS_MAX];
     char text[];

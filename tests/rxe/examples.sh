@@ -2,7 +2,8 @@
 # The README's examples, run as a user would: hello's server and its
 # blocking client, the same client on an epoll loop, and allreduce as three
 # processes given their entries on the command line ("A,B:PORT": each rank
-# reached through the address its peers share).
+# reached through the address its peers share), then byname and allreduce
+# finding each other through a Redis.
 # With HELLO_PY (the Python binding built), hello.py talks to hello both
 # ways round: a Python client to the C server, the C client to Python's.
 #   examples.sh HELLO EPOLL_CLIENT ALLREDUCE [HELLO_PY]   (meson, rxe suite)
@@ -53,4 +54,30 @@ for r in 0 1 2; do
     timeout 120 "$ALLREDUCE" "$r" "${entries[@]}" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || st=1; done
+
+# Through a directory (a redis-server of the test's own): byname's server
+# publishes ex/kv/0 sharing 1 MiB, its fetcher reads it knowing only the
+# name; three allreduce ranks form their communicator from it.
+BYNAME=$(dirname "$ALLREDUCE")/byname
+if [[ -x /usr/bin/redis-server ]]; then
+    sock=$(mktemp -u /tmp/examples-redis.XXXXXX)
+    /usr/bin/redis-server --port 0 --unixsocket "$sock" --save '' --appendonly no \
+        --loglevel warning >/dev/null & redis=$!
+    retry 10 test -S "$sock" || st=1
+    log=$(mktemp)
+    "$BYNAME" serve "unix:$sock" ex/kv/0 >"$log" 2>&1 & server=$!
+    retry 20 grep -q published "$log" || { cat "$log"; st=1; }
+    timeout 60 "$BYNAME" fetch "unix:$sock" ex/kv/0 || st=1
+    wait $server || { cat "$log"; st=1; }
+    pids=()
+    for r in 0 1 2; do
+        timeout 120 "$ALLREDUCE" --dir "unix:$sock" ex-job "$r" 3 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || st=1; done
+    kill $redis
+    rm -f "$log" "$sock"
+else
+    echo "FAIL: redis-server not installed (scripts/setup installs it)"
+    st=1
+fi
 exit $st

@@ -271,8 +271,8 @@ static void watch_sees_joins_and_leaves_not_renewals(void **state)
     assert_int_equal(s.joined, 2);
     assert_string_equal(s.last, "+job/prefill/1");
 
-    /* three leases: renewed every 200 ms, no event */
-    run(ctx, 1800, NULL);
+    /* two leases: renewed every 200 ms, no event */
+    run(ctx, 1200, NULL);
     assert_int_equal(s.joined, 2);
     assert_int_equal(s.left, 0);
 
@@ -287,6 +287,37 @@ static void watch_sees_joins_and_leaves_not_renewals(void **state)
     assert_int_equal(s.joined, 2);                    /* unwatched: not called */
     mw_dir_free(a);
     mw_dir_free(b);
+    mw_ctx_free(ctx);
+}
+
+/* The impatient caller: a watch's function that frees the directory. */
+static void free_on_join(mw_directory_t *d, int ev, const mw_dir_entry_t *e, void *arg)
+{
+    (void)e;
+    int *calls = arg;
+    ++*calls;
+    if (ev == MW_DIR_JOINED)
+        assert_int_equal(mw_dir_free(d), 0);
+}
+
+static void watch_function_may_free_the_directory(void **state)
+{
+    (void)state;
+    redis_cmd(sock, false, "FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *a = open_dir(ctx, 10000), *b = open_dir(ctx, 10000);
+    publish(a, "job/x/0", "10.0.0.1:7470", NULL);
+    publish(a, "job/x/1", "10.0.0.2:7470", NULL);
+    int calls = 0;
+    assert_true(mw_dir_watch(b, "job/", free_on_join, &calls) >= 1);
+    wait_for(ctx, &calls, 1, 2000);
+    run(ctx, 200, NULL);
+    assert_int_equal(calls, 1);                       /* nothing after the free */
+    assert_int_equal(mw_dir_free(b), -ESTALE);
+    publish(a, "job/x/2", "10.0.0.3:7470", NULL);     /* the other one goes on */
+    run(ctx, 200, NULL);
+    assert_int_equal(calls, 1);
+    mw_dir_free(a);
     mw_ctx_free(ctx);
 }
 
@@ -352,7 +383,7 @@ static void store_restart_reregisters_and_rewatches(void **state)
     (void)state;
     redis_cmd(sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
-    mw_directory_t *a = open_dir(ctx, 3000), *b = open_dir(ctx, 3000);
+    mw_directory_t *a = open_dir(ctx, 1500), *b = open_dir(ctx, 1500);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
     struct seen s = {0};
     assert_true(mw_dir_watch(b, "job/", on_watch, &s) >= 1);
@@ -386,7 +417,7 @@ static void store_restart_reregisters_and_rewatches(void **state)
     wait_for(ctx, &s.joined, 2, 2000);
     assert_string_equal(s.last, "+job/prefill/1");
     /* the entry that came back within a lease never left */
-    run(ctx, 3500, NULL);
+    run(ctx, 1700, NULL);
     assert_int_equal(s.left, 0);
     mw_dir_free(a);
     mw_dir_free(b);
@@ -585,12 +616,15 @@ int main(int argc, char **argv)
         printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS_SERVER);
         return 77;
     }
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(entry_and_table_codecs),
         cmocka_unit_test(publish_lookup_list_unpublish),
         cmocka_unit_test(bad_input_is_refused),
         cmocka_unit_test(watch_sees_joins_and_leaves_not_renewals),
         cmocka_unit_test(killed_publisher_leaves_within_a_lease),
+        cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
         cmocka_unit_test(watch_refused_without_notifications),
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
