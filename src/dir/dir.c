@@ -423,7 +423,8 @@ static int by_name(const void *a, const void *b)
 
 static mw_dir_list_t *list_of(struct mw__dir_entry **es, size_t n)
 {
-    qsort(es, n, sizeof *es, by_name);
+    if (n)
+        qsort(es, n, sizeof *es, by_name);
     mw_dir_list_t *l = mw__calloc(1, sizeof *l + n * (sizeof *l->e + sizeof *es));
     if (!l)
         return NULL;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 static char tmpdir[64], sock[128], url[160];
 static pid_t redis_pid, child_pid;   /* killed at teardown if a test failed early */
 static char *self_exe;
+extern char **environ;
 
 static uint64_t now_ms(void)
 {
@@ -329,7 +331,9 @@ static int publisher_main(const char *name, unsigned lease)
     publish(d, name, "10.0.0.7:7470", NULL);
     printf("published\n");
     fflush(stdout);
-    run(ctx, 600000, NULL);
+    pid_t parent = getppid();
+    while (getppid() == parent)                  /* until killed, or orphaned */
+        run(ctx, 100, NULL);
     return 0;
 }
 
@@ -345,12 +349,14 @@ static void killed_publisher_leaves_within_a_lease(void **state)
 
     int fds[2];
     assert_int_equal(pipe(fds), 0);
-    pid_t pid = child_pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        execl(self_exe, self_exe, "--publisher", url, "job/victim/0", "1000", (char *)NULL);
-        _exit(127);
-    }
+    posix_spawn_file_actions_t fa;               /* spawned: see redis_start() */
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char *argv[] = {self_exe, "--publisher", url, "job/victim/0", "1000", NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    child_pid = pid;
     close(fds[1]);
     char buf[16] = {0};
     assert_true(read(fds[0], buf, sizeof buf - 1) > 0);
