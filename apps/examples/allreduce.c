@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         return 2;
     }
     float *x = mw_alloc(ctx, N * sizeof *x);       /* registered once, used often */
-    int rank = atoi(argv[by_dir ? 4 : 1]);
+    int rank = argc > 2 ? atoi(argv[by_dir ? 4 : 1]) : 0;
     const char *const *peers = (const char *const *)argv + 2;
     double t0 = now_ms();
     mw_directory_t *dir = NULL;
