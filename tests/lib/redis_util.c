@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -62,6 +64,24 @@ void redis_stop(pid_t pid, int sig)
 {
     kill(pid, sig);
     waitpid(pid, NULL, 0);
+}
+
+void redis_fixture_up(struct redis_fixture *f)
+{
+    snprintf(f->dir, sizeof f->dir, "/tmp/mw-redis-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->sock, sizeof f->sock, "%s/redis.sock", f->dir);
+    snprintf(f->url, sizeof f->url, "unix:%s", f->sock);
+    f->pid = redis_start(f->sock, false);
+}
+
+void redis_fixture_down(struct redis_fixture *f)
+{
+    if (f->pid > 0)
+        redis_stop(f->pid, SIGTERM);
+    f->pid = 0;
+    unlink(f->sock);
+    rmdir(f->dir);
 }
 
 redisReply *redis_cmd(const char *sock, bool keep, const char *fmt, ...)

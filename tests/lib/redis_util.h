@@ -19,6 +19,18 @@ bool redis_installed(void);
 pid_t redis_start(const char *sock, bool no_config);
 /* redis_stop() - send @sig and reap it. */
 void redis_stop(pid_t pid, int sig);
+/* A test's own store: a fresh directory under /tmp holding its socket. */
+struct redis_fixture {
+    char dir[64];
+    char sock[128];
+    char url[160];            /* "unix:SOCK", for mw_dir_open */
+    pid_t pid;
+};
+/* redis_fixture_up() - the directory made, the server started on it. */
+void redis_fixture_up(struct redis_fixture *f);
+/* redis_fixture_down() - the server stopped (if running), all removed. */
+void redis_fixture_down(struct redis_fixture *f);
+
 /* redis_cmd() - run a command on @sock; fails the test on an error reply.
  * Return: the reply (freeReplyObject it), or NULL if @keep is false. */
 redisReply *redis_cmd(const char *sock, bool keep, const char *fmt, ...);

@@ -25,8 +25,8 @@
 
 extern char **environ;
 static const char *addrs[2];
-static char self_path[4096], tmpdir[64], sock[128], url[160];
-static pid_t redis_pid;
+static char self_path[4096];
+static struct redis_fixture rf;
 
 static void *value_of(mw_future_t *f, int want)
 {
@@ -45,7 +45,7 @@ static mw_directory_t *open_dir(mw_ctx_t *ctx)
     mw_dir_opts_t o;
     mw_dir_opts_init(&o);
     o.lease_ms = 3000;
-    return value_of(mw_dir_open(ctx, url, &o), 0);
+    return value_of(mw_dir_open(ctx, rf.url, &o), 0);
 }
 
 /* ------------------------------------------------------------------------
@@ -120,8 +120,8 @@ static void connect_by_name_reaches_shared_regions(void **state)
     mw_future_t *reads[16];
     for (int i = 0; i < 16; i++)
         reads[i] = mw_read(p->conn, buf, KV_BYTES, rkv, 0);
-    redis_stop(redis_pid, SIGKILL);
-    redis_pid = redis_start(sock, false);
+    redis_stop(rf.pid, SIGKILL);
+    rf.pid = redis_start(rf.sock, false);
     for (int i = 0; i < 16; i++)
         value_of(reads[i], 0);
     assert_memory_equal(buf, kv, KV_BYTES);
@@ -179,7 +179,7 @@ static int rank_main(const char *job, int rank, int nranks, unsigned timeout_ms)
     mw_dir_opts_t o;
     mw_dir_opts_init(&o);
     o.lease_ms = 3000;
-    mw_future_t *df = mw_dir_open(ctx, url, &o);
+    mw_future_t *df = mw_dir_open(ctx, rf.url, &o);
     if (mw_wait(df))
         return 3;
     mw_directory_t *d = mw_future_value(df);
@@ -222,7 +222,7 @@ static pid_t spawn_rank(const char *job, int rank, int nranks, unsigned timeout_
     snprintf(a[0], sizeof a[0], "%d", rank);
     snprintf(a[1], sizeof a[1], "%d", nranks);
     snprintf(a[2], sizeof a[2], "%u", timeout_ms);
-    char *argv[] = {self_path, "rank", (char *)job, a[0], a[1], a[2], url, NULL};
+    char *argv[] = {self_path, "rank", (char *)job, a[0], a[1], a[2], rf.url, NULL};
     pid_t pid;
     assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
     return pid;
@@ -240,7 +240,7 @@ static void comm_forms_past_a_stale_entry(void **state)
     (void)state;
     /* rank 2 of an earlier run, its lease still running, at an address
      * where nothing listens */
-    redis_cmd(sock, false, "SET %s %s PX 60000", "mw:job1/rank/2",
+    redis_cmd(rf.sock, false, "SET %s %s PX 60000", "mw:job1/rank/2",
               "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000001\n"
               "tag run=00000000deadbeef nranks=3\n");
     pid_t p[3];
@@ -261,7 +261,7 @@ static void comm_missing_rank_is_named(void **state)
      * VM opening the device takes seconds */
     pid_t p0 = spawn_rank("job2", 0, 3, 5000);
     for (int i = 0; i < 400; i++) {
-        redisReply *r = redis_cmd(sock, true, "EXISTS mw:job2/rank/0");
+        redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job2/rank/0");
         bool there = r->integer == 1;
         freeReplyObject(r);
         if (there)
@@ -280,7 +280,7 @@ static void comm_restarted_rank0_starts_over(void **state)
         skip();
     /* ranks 1 and 2 find a rank 0 of an earlier run (dead) and try it,
      * then the new rank 0 comes with a new run */
-    redis_cmd(sock, false, "SET %s %s PX 60000", "mw:job3/rank/0",
+    redis_cmd(rf.sock, false, "SET %s %s PX 60000", "mw:job3/rank/0",
               "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000002\n"
               "tag run=00000000cafef00d nranks=3\n");
     pid_t p1 = spawn_rank("job3", 1, 3, 60000), p2 = spawn_rank("job3", 2, 3, 60000);
@@ -301,21 +301,21 @@ static void comm_cancelled_takes_its_entry_back(void **state)
     mw_directory_t *d = open_dir(ctx);
     mw_future_t *cf = mw_dir_comm_create(d, "job4", 0, 2, NULL);
     for (int i = 0; i < 100; i++) {
-        redisReply *r = redis_cmd(sock, true, "EXISTS mw:job4/rank/0");
+        redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
         bool there = r->integer == 1;
         freeReplyObject(r);
         if (there)
             break;
         loop_for(ctx, 50);
     }
-    redisReply *r = redis_cmd(sock, true, "EXISTS mw:job4/rank/0");
+    redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
     assert_int_equal(r->integer, 1);
     freeReplyObject(r);
     assert_int_equal(mw_future_cancel(cf), 0);
     assert_int_equal(mw_wait(cf), -ECANCELED);
     mw_future_unref(cf);
     loop_for(ctx, 300);
-    r = redis_cmd(sock, true, "EXISTS mw:job4/rank/0");
+    r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
     mw_dir_free(d);
@@ -325,20 +325,14 @@ static void comm_cancelled_takes_its_entry_back(void **state)
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mw-rxedir-XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
-    snprintf(sock, sizeof sock, "%s/redis.sock", tmpdir);
-    snprintf(url, sizeof url, "unix:%s", sock);
-    redis_pid = redis_start(sock, false);
+    redis_fixture_up(&rf);
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    redis_stop(redis_pid, SIGTERM);
-    unlink(sock);
-    rmdir(tmpdir);
+    redis_fixture_down(&rf);
     return 0;
 }
 
@@ -349,7 +343,7 @@ int main(int argc, char **argv)
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
         return 1;
     if (argc == 7 && !strcmp(argv[1], "rank")) {
-        snprintf(url, sizeof url, "%s", argv[6]);
+        snprintf(rf.url, sizeof rf.url, "%s", argv[6]);
         return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), (unsigned)atoi(argv[5]));
     }
     if (!redis_installed()) {

@@ -28,9 +28,8 @@
 #include "redis_util.h"
 #include "meshwire.h"
 
-
-static char tmpdir[64], sock[128], url[160];
-static pid_t redis_pid, child_pid;   /* killed at teardown if a test failed early */
+static struct redis_fixture rf;
+static pid_t child_pid;             /* killed at teardown if a test failed early */
 static char *self_exe;
 extern char **environ;
 
@@ -44,11 +43,7 @@ static uint64_t now_ms(void)
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mw-dir-XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
-    snprintf(sock, sizeof sock, "%s/redis.sock", tmpdir);
-    snprintf(url, sizeof url, "unix:%s", sock);
-    redis_pid = redis_start(sock, false);
+    redis_fixture_up(&rf);
     return 0;
 }
 
@@ -57,10 +52,7 @@ static int group_teardown(void **state)
     (void)state;
     if (child_pid > 0)
         redis_stop(child_pid, SIGKILL);
-    if (redis_pid > 0)
-        redis_stop(redis_pid, SIGTERM);
-    unlink(sock);
-    rmdir(tmpdir);
+    redis_fixture_down(&rf);
     return 0;
 }
 
@@ -111,7 +103,7 @@ static mw_directory_t *open_dir(mw_ctx_t *ctx, unsigned lease_ms)
     mw_dir_opts_init(&o);
     o.lease_ms = lease_ms;
     o.prefix = "mwtest";
-    return value_of(mw_dir_open(ctx, url, &o), 0);
+    return value_of(mw_dir_open(ctx, rf.url, &o), 0);
 }
 
 static void publish(mw_directory_t *d, const char *name, const char *addrs, const char *tag)
@@ -156,7 +148,7 @@ static void on_watch(mw_directory_t *d, int ev, const mw_dir_entry_t *e, void *a
 static void publish_lookup_list_unpublish(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 10000), *b = open_dir(ctx, 10000);
     publish(a, "job/prefill/1", "10.0.0.2,10.0.1.2:7471", "gpu=1");
@@ -182,7 +174,7 @@ static void publish_lookup_list_unpublish(void **state)
     mw_dir_list_free(l);
 
     /* the lease is in the store: 10 s, renewed */
-    redisReply *r = redis_cmd(sock, true, "PTTL mwtest:job/prefill/0");
+    redisReply *r = redis_cmd(rf.sock, true, "PTTL mwtest:job/prefill/0");
     assert_true(r->integer > 8000 && r->integer <= 10000);
     freeReplyObject(r);
 
@@ -222,10 +214,10 @@ static void bad_input_is_refused(void **state)
     for (size_t i = 0; i < sizeof urls / sizeof *urls; i++)
         value_of(mw_dir_open(ctx, urls[i], &o), -EINVAL);
     o.lease_ms = 10;
-    value_of(mw_dir_open(ctx, url, &o), -EINVAL);
+    value_of(mw_dir_open(ctx, rf.url, &o), -EINVAL);
     mw_dir_opts_init(&o);
     o.prefix = "a*b";
-    value_of(mw_dir_open(ctx, url, &o), -EINVAL);
+    value_of(mw_dir_open(ctx, rf.url, &o), -EINVAL);
 
     mw_directory_t *d = open_dir(ctx, 10000);
     const char *names[] = {"", "/a", "a/", "a//b", "a b", "a*", "a?", "x[1]", "é"};
@@ -255,7 +247,7 @@ static void bad_input_is_refused(void **state)
 static void watch_sees_joins_and_leaves_not_renewals(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 600), *b = open_dir(ctx, 600);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
@@ -305,7 +297,7 @@ static void free_on_join(mw_directory_t *d, int ev, const mw_dir_entry_t *e, voi
 static void watch_function_may_free_the_directory(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 10000), *b = open_dir(ctx, 10000);
     publish(a, "job/x/0", "10.0.0.1:7470", NULL);
@@ -340,7 +332,7 @@ static int publisher_main(const char *name, unsigned lease)
 static void killed_publisher_leaves_within_a_lease(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *b = open_dir(ctx, 1000);
     struct seen s = {0};
@@ -352,7 +344,7 @@ static void killed_publisher_leaves_within_a_lease(void **state)
     posix_spawn_file_actions_t fa;               /* spawned: see redis_start() */
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    char *argv[] = {self_exe, "--publisher", url, "job/victim/0", "1000", NULL};
+    char *argv[] = {self_exe, "--publisher", rf.url, "job/victim/0", "1000", NULL};
     pid_t pid;
     assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
@@ -387,7 +379,7 @@ static void killed_publisher_leaves_within_a_lease(void **state)
 static void store_restart_reregisters_and_rewatches(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "FLUSHALL");
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *a = open_dir(ctx, 1500), *b = open_dir(ctx, 1500);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
@@ -396,8 +388,8 @@ static void store_restart_reregisters_and_rewatches(void **state)
     run(ctx, 2000, &s.synced);
     assert_int_equal(s.joined, 1);
 
-    redis_stop(redis_pid, SIGKILL);                  /* a crash: nothing saved */
-    redis_pid = 0;
+    redis_stop(rf.pid, SIGKILL);                  /* a crash: nothing saved */
+    rf.pid = 0;
     run(ctx, 1000, &s.lost);
     assert_int_equal(s.lost, 1);
     /* a request made while the store is away waits for it */
@@ -405,7 +397,7 @@ static void store_restart_reregisters_and_rewatches(void **state)
     run(ctx, 500, NULL);
     assert_int_equal(mw_future_state(during), MW_FUTURE_PENDING);
 
-    redis_pid = redis_start(sock, false);          /* empty */
+    rf.pid = redis_start(rf.sock, false);          /* empty */
     int rc = mw_wait(during);
     assert_true(rc == 0 || rc == -ENOENT);           /* before or after the re-put */
     if (rc == 0)
@@ -438,7 +430,7 @@ static void store_away_times_out_and_recovers(void **state)
     mw_dir_opts_init(&o);
     o.timeout_ms = 400;
     char nowhere[200];
-    snprintf(nowhere, sizeof nowhere, "unix:%s/none.sock", tmpdir);
+    snprintf(nowhere, sizeof nowhere, "unix:%s/none.sock", rf.dir);
     uint64_t t0 = now_ms();
     mw_future_t *f = mw_dir_open(ctx, nowhere, &o);
     assert_int_equal(mw_wait(f), -ETIMEDOUT);
@@ -447,14 +439,14 @@ static void store_away_times_out_and_recovers(void **state)
     mw_future_unref(f);
 
     o.prefix = "mwtest";
-    mw_directory_t *d = value_of(mw_dir_open(ctx, url, &o), 0);
-    kill(redis_pid, SIGSTOP);                        /* alive, silent */
+    mw_directory_t *d = value_of(mw_dir_open(ctx, rf.url, &o), 0);
+    kill(rf.pid, SIGSTOP);                        /* alive, silent */
     f = mw_dir_lookup(d, "job/x");
     t0 = now_ms();
     assert_int_equal(mw_wait(f), -ETIMEDOUT);
     assert_true(now_ms() - t0 < 2000);
     mw_future_unref(f);
-    kill(redis_pid, SIGCONT);
+    kill(rf.pid, SIGCONT);
     value_of(mw_dir_lookup(d, "job/x"), -ENOENT);    /* answered again */
     mw_dir_free(d);
     mw_ctx_free(ctx);
@@ -463,23 +455,23 @@ static void store_away_times_out_and_recovers(void **state)
 static void hostile_entries_are_refused(void **state)
 {
     (void)state;
-    redis_cmd(sock, false, "FLUSHALL");
-    redis_cmd(sock, false, "SET mwtest:bad/0 garbage");
-    redis_cmd(sock, false, "SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
-    redis_cmd(sock, false, "SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
-    redis_cmd(sock, false, "SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
-    redis_cmd(sock, false, "SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
+    redis_cmd(rf.sock, false, "FLUSHALL");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/0 garbage");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
                                    "region x -5\n");
-    redis_cmd(sock, false, "SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
-    redis_cmd(sock, false, "SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
+    redis_cmd(rf.sock, false, "SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
     char *big = malloc(MW__DIR_VALUE_MAX + 100);
     memset(big, 'a', MW__DIR_VALUE_MAX + 99);
     big[MW__DIR_VALUE_MAX + 99] = 0;
-    redis_cmd(sock, false, "SET mwtest:bad/7 %s", big);
+    redis_cmd(rf.sock, false, "SET mwtest:bad/7 %s", big);
     free(big);
-    redis_cmd(sock, false, "HSET mwtest:bad/8 f v");                                         /* not a string */
-    redis_cmd(sock, false, "SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
-    redis_cmd(sock, false, "SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
+    redis_cmd(rf.sock, false, "HSET mwtest:bad/8 f v");                                         /* not a string */
+    redis_cmd(rf.sock, false, "SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
                                     "region kv 4096\nserves 1\ntag t\n");
 
     mw_ctx_t *ctx = ctx_new();
@@ -505,7 +497,7 @@ static void hostile_entries_are_refused(void **state)
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
     assert_int_equal(s.joined, 1);
-    redis_cmd(sock, false, "SET mwtest:bad/9 garbage");                     /* a hostile change */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/9 garbage");                     /* a hostile change */
     run(ctx, 300, NULL);
     assert_int_equal(s.joined, 1);
     mw_dir_free(d);
@@ -516,7 +508,7 @@ static void watch_refused_without_notifications(void **state)
 {
     (void)state;
     char path[160], u[200];
-    snprintf(path, sizeof path, "%s/noconfig.sock", tmpdir);
+    snprintf(path, sizeof path, "%s/noconfig.sock", rf.dir);
     snprintf(u, sizeof u, "unix:%s", path);
     pid_t pid = redis_start(path, true);
     mw_ctx_t *ctx = ctx_new();
@@ -541,7 +533,7 @@ static void store_traffic_wakes_mw_ctx_fd(void **state)
     mw_dir_opts_t o;
     mw_dir_opts_init(&o);
     o.prefix = "mwtest";
-    mw_future_t *f = mw_dir_open(ctx, url, &o);
+    mw_future_t *f = mw_dir_open(ctx, rf.url, &o);
     int wakes = 0;
     while (mw_future_state(f) == MW_FUTURE_PENDING) {
         assert_int_equal(epoll_wait(ep, &ev, 1, 3000), 1);  /* never a timeout */
@@ -615,7 +607,7 @@ int main(int argc, char **argv)
 {
     self_exe = argv[0];
     if (argc == 5 && !strcmp(argv[1], "--publisher")) {
-        snprintf(url, sizeof url, "%s", argv[2]);
+        snprintf(rf.url, sizeof rf.url, "%s", argv[2]);
         return publisher_main(argv[3], (unsigned)atoi(argv[4]));
     }
     if (!redis_installed()) {
