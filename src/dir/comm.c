@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include <event2/event.h>
 
@@ -274,14 +273,6 @@ static int free_port(mw_ctx_t *ctx, const mw_conn_opts_t *opts)
     return rc;
 }
 
-static uint64_t random_run(void)
-{
-    uint64_t v = 0;
-    while (!v && getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
-        ;
-    return v;
-}
-
 mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, int nranks,
                                 const mw_comm_opts_t *opts)
 {
@@ -330,7 +321,7 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
     mw__future_on_cancel(f, on_cancel, dc);
     dc->end_ms = mw__now_ms() + dc->opts.timeout_ms;
     if (rank == 0) {
-        dc->run = random_run();
+        dc->run = mw__dir_random64();
         publish(dc);
     }
     if ((dc->watch = mw_dir_watch(d, prefix, on_watch, dc)) < 0) {
