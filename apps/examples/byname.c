@@ -49,9 +49,9 @@ static int serve(mw_ctx_t *ctx, mw_directory_t *dir, const char *name, uint8_t *
     printf("byname: %s published\n", name);
     fflush(stdout);
     mw_conn_t *reader;
-    mw_msg_t *done;
+    mw_msg_t *done;                           /* the reader read, then said "done" */
     if (wait_for(accepted, "accept", (void **)&reader) < 0 ||
-        wait_for(mw_recv(reader), "the reader's word", (void **)&done) < 0)   /* read, then "done" */
+        wait_for(mw_recv(reader), "the reader's word", (void **)&done) < 0)
         return 1;
     mw_msg_free(done);
     wait_for(mw_dir_unpublish(dir, name), "unpublish", NULL);

@@ -456,23 +456,29 @@ static void hostile_entries_are_refused(void **state)
 {
     (void)state;
     redis_cmd(rf.sock, false, "FLUSHALL");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/0 garbage");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/1 %s", "mw-dir 1\naddrs 1.2.3.4:1\n");            /* no instance */
-    redis_cmd(rf.sock, false, "SET mwtest:bad/2 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\nevil 1\n");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/3 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\x01\n");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/4 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001\n"
-                                   "region x -5\n");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/5 %s", "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n");
-    redis_cmd(rf.sock, false, "SET mwtest:bad/6 %s", "mw-dir 1\naddrs 1:1\ninstance 0000000000000001");
+#define ONE "mw-dir 1\naddrs 1:1\ninstance 0000000000000001"
+    static const char *const bad[] = {
+        "garbage",                                  /* not an entry */
+        "mw-dir 1\naddrs 1.2.3.4:1\n",              /* no instance */
+        ONE "\nevil 1\n",                           /* an unknown field */
+        ONE "\x01\n",                               /* a control character */
+        ONE "\nregion x -5\n",                      /* a negative size */
+        "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n",   /* twice */
+        ONE,                                        /* unterminated */
+    };
+#undef ONE
+    for (int i = 0; i < 7; i++)
+        redis_cmd(rf.sock, false, "SET mwtest:bad/%d %s", i, bad[i]);
     char *big = malloc(MW__DIR_VALUE_MAX + 100);
     memset(big, 'a', MW__DIR_VALUE_MAX + 99);
     big[MW__DIR_VALUE_MAX + 99] = 0;
-    redis_cmd(rf.sock, false, "SET mwtest:bad/7 %s", big);
+    redis_cmd(rf.sock, false, "SET mwtest:bad/7 %s", big);      /* too large */
     free(big);
-    redis_cmd(rf.sock, false, "HSET mwtest:bad/8 f v");                                         /* not a string */
-    redis_cmd(rf.sock, false, "SET %s %s", "mwtest:bad/a b", "x");                              /* not a name */
-    redis_cmd(rf.sock, false, "SET mwtest:bad/ok %s", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
-                                    "region kv 4096\nserves 1\ntag t\n");
+    redis_cmd(rf.sock, false, "HSET mwtest:bad/8 f v");         /* not a string */
+    redis_cmd(rf.sock, false, "SET %s %s", "mwtest:bad/a b", "x");   /* not a name */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/ok %s",
+              "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
+              "region kv 4096\nserves 1\ntag t\n");
 
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *d = open_dir(ctx, 10000);
