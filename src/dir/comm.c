@@ -215,9 +215,10 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
     if (dc->done || (event != MW_DIR_JOINED && event != MW_DIR_LEFT))
         return;
     const char *tail = e->name + strlen(dc->job) + strlen("/rank/");
-    char *end;
+    char *end, canon[16];
     long r = strtol(tail, &end, 10);
-    if (*end || r < 0 || r >= dc->nranks || !*tail)
+    snprintf(canon, sizeof canon, "%ld", r);
+    if (*end || r < 0 || r >= dc->nranks || strcmp(canon, tail))   /* "rank/03": not a rank */
         return;
     struct slot *s = &dc->slots[r];
     if (event == MW_DIR_LEFT) {
