@@ -66,6 +66,14 @@ void redis_stop(pid_t pid, int sig)
     waitpid(pid, NULL, 0);
 }
 
+bool redis_exists(const char *sock, const char *key)
+{
+    redisReply *r = redis_cmd(sock, true, "EXISTS %s", key);
+    bool there = r->integer == 1;
+    freeReplyObject(r);
+    return there;
+}
+
 void redis_fixture_up(struct redis_fixture *f)
 {
     snprintf(f->dir, sizeof f->dir, "/tmp/mw-redis-XXXXXX");

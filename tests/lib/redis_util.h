@@ -35,4 +35,7 @@ void redis_fixture_down(struct redis_fixture *f);
  * Return: the reply (freeReplyObject it), or NULL if @keep is false. */
 redisReply *redis_cmd(const char *sock, bool keep, const char *fmt, ...);
 
+/* redis_exists() - whether @key is in the store at @sock. */
+bool redis_exists(const char *sock, const char *key);
+
 #endif

@@ -260,14 +260,8 @@ static void comm_missing_rank_is_named(void **state)
     /* rank 0 first, published before rank 1 starts its clock: on a slow
      * VM opening the device takes seconds */
     pid_t p0 = spawn_rank("job2", 0, 3, 5000);
-    for (int i = 0; i < 400; i++) {
-        redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job2/rank/0");
-        bool there = r->integer == 1;
-        freeReplyObject(r);
-        if (there)
-            break;
+    for (int i = 0; i < 400 && !redis_exists(rf.sock, "mw:job2/rank/0"); i++)
         usleep(20000);
-    }
     pid_t p1 = spawn_rank("job2", 1, 3, 5000);
     assert_int_equal(reap(p0), 4);           /* -ETIMEDOUT, and the output names rank 2 */
     assert_int_equal(reap(p1), 4);
@@ -300,24 +294,14 @@ static void comm_cancelled_takes_its_entry_back(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     mw_directory_t *d = open_dir(ctx);
     mw_future_t *cf = mw_dir_comm_create(d, "job4", 0, 2, NULL);
-    for (int i = 0; i < 100; i++) {
-        redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
-        bool there = r->integer == 1;
-        freeReplyObject(r);
-        if (there)
-            break;
+    for (int i = 0; i < 100 && !redis_exists(rf.sock, "mw:job4/rank/0"); i++)
         loop_for(ctx, 50);
-    }
-    redisReply *r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
-    assert_int_equal(r->integer, 1);
-    freeReplyObject(r);
+    assert_true(redis_exists(rf.sock, "mw:job4/rank/0"));
     assert_int_equal(mw_future_cancel(cf), 0);
     assert_int_equal(mw_wait(cf), -ECANCELED);
     mw_future_unref(cf);
     loop_for(ctx, 300);
-    r = redis_cmd(rf.sock, true, "EXISTS mw:job4/rank/0");
-    assert_int_equal(r->integer, 0);
-    freeReplyObject(r);
+    assert_false(redis_exists(rf.sock, "mw:job4/rank/0"));
     mw_dir_free(d);
     mw_ctx_free(ctx);
 }
