@@ -31,7 +31,7 @@ struct dcomm {
     mw_future_t *f;                  /* the caller's */
     char job[JOB_MAX + 1];
     char name[JOB_MAX + 32];         /* this rank's entry */
-    char ident[JOB_MAX + 300];       /* the communicator's job identity */
+    char ident[JOB_MAX + 300];       /* opts->job and JOB; the run is added */
     int rank, nranks;
     mw_comm_opts_t opts;
     char *own;                       /* this rank's addresses, with its port */
@@ -178,13 +178,13 @@ static void try_form(struct dcomm *dc)
     }
     for (int r = 0; r < dc->nranks; r++)
         peers[r] = dc->slots[r].addrs;
-    snprintf(dc->ident + strlen(dc->ident), 20, "#%016" PRIx64, dc->run);
+    char job_id[sizeof dc->ident + 20];       /* JOB and the run */
+    snprintf(job_id, sizeof job_id, "%s#%016" PRIx64, dc->ident, dc->run);
     mw_comm_opts_t o = dc->opts;
-    o.job = dc->ident;
+    o.job = job_id;
     uint64_t now = mw__now_ms();
     o.timeout_ms = now < dc->end_ms ? (unsigned)(dc->end_ms - now) : 1;
     dc->cf = mw_comm_create(dc->ctx, dc->rank, dc->nranks, peers, &o);
-    *strrchr(dc->ident, '#') = 0;
     mw__free(peers);
     if (!dc->cf) {
         finish(dc, NULL, -ENOMEM, "directory communicator: out of memory");

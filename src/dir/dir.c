@@ -309,7 +309,6 @@ void mw_dir_opts_init(mw_dir_opts_t *o)
 
 static void dir_release(struct mw__dir *d)
 {
-    d->freed = true;
     mw__list_del(&d->link);
     mw__handle_release(d->h);
     mw__dir_watches_remove_all(d);

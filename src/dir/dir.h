@@ -33,7 +33,6 @@ struct mw__dir {
     int notify_err;                  /* -ENOTSUP: the store sends no events */
     struct mw__list pubs, watches;
     int next_watch;
-    bool freed;
 };
 
 /* dir.c: the directory behind a live handle (else NULL with *@err, logged

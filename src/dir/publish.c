@@ -51,17 +51,23 @@ static void pub_unref(struct pub *p)
 
 static void pub_put(struct pub *p);
 
+/* Complete the caller's future of a publish or an unpublish, if any. */
+static void pub_settle(struct pub *p, int err, const char *what, const char *why)
+{
+    if (!p->f)
+        return;
+    if (err)
+        mw_future_fail(p->f, err, "%s %s: %s", what, p->key, why);
+    else
+        mw_future_resolve(p->f, NULL);
+    mw_future_unref(p->f);
+    p->f = NULL;
+}
+
 static void on_put(void *arg, int err, const char *why)
 {
     struct pub *p = arg;
-    if (p->f && err)
-        mw_future_fail(p->f, err, "publishing %s: %s", p->key, why);
-    else if (p->f)
-        mw_future_resolve(p->f, NULL);
-    if (p->f) {
-        mw_future_unref(p->f);
-        p->f = NULL;
-    }
+    pub_settle(p, err, "publishing", why);
     if (err && err != -ECANCELED && !p->gone)
         mw__log(p->d->ctx, MW_LOG_WARN, "directory: publishing %s: %s (retried)", p->key, why);
     pub_unref(p);
@@ -111,10 +117,7 @@ static struct pub *pub_find(struct mw__dir *d, const char *key)
 static void on_deleted(void *arg, int err, const char *why)
 {
     struct pub *p = arg;
-    if (p->f && err)
-        mw_future_fail(p->f, err, "removing %s: %s", p->key, why);
-    else if (p->f)
-        mw_future_resolve(p->f, NULL);
+    pub_settle(p, err, "removing", why);
     pub_unref(p);
 }
 
@@ -127,11 +130,8 @@ static void pub_remove(struct pub *p, bool del, mw_future_t *f)
     if (p->l)
         mw_listener_free(p->l);
     p->l = NULL;
-    if (p->f) {                           /* still publishing: that ends here */
-        mw_future_fail(p->f, -ECANCELED, "%s was unpublished before it was stored", p->key);
-        mw_future_unref(p->f);
-        p->f = NULL;
-    }
+    /* still publishing: that ends here */
+    pub_settle(p, -ECANCELED, "publishing", "unpublished before it was stored");
     if (del) {
         p->f = f ? mw_future_ref(f) : NULL;
         p->refs++;

@@ -258,8 +258,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     const redisReply *rep = reply;
     r->inflight--;
     if (!r->finished && !rep && !r->st->closing) {
-        /* the link went down under it: send it again once back, ahead of
-         * what was queued meanwhile (pending replies come back in order) */
+        /* the link went down under it: send it again once back.  Nothing
+         * waits while the link is up, and pending replies come back in
+         * order: these go first, in the order they were sent */
         mw__list_add_tail(&r->st->waiting, &r->link);
         return;
     }
