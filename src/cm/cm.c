@@ -7,6 +7,7 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
+#include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/dev.h"
@@ -167,16 +168,30 @@ static void cm_device_ready(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int
 static void cm_teardown(mw_ctx_t *ctx, void *state)
 {
     struct mw__cm *cm = state;
-    while (!mw__list_empty(&cm->conns)) {
-        struct mw__conn *c = mw__container_of(cm->conns.next, struct mw__conn, link);
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link)
         mw__conn_fail(c, -ECANCELED, "context closed");
-        mw__conn_free(c);
+    /* A same-host peer executes our requests from its loop: what it may
+     * still touch is handed back only once it stopped (lqp.h), so wait for
+     * that here, for all of them at once, within the longest bound, and
+     * let the flushes reach their operations. */
+    uint64_t until = 0;
+    mw__list_for_each(c, &cm->conns, link) {
+        if (mw__lqp_quiescing(c->lqp) && mw__now_ms() + c->opts.timeout_ms > until)
+            until = mw__now_ms() + c->opts.timeout_ms;
     }
+    mw__list_for_each(c, &cm->conns, link) {
+        if (mw__lqp_quiescing(c->lqp))
+            mw__lqp_settle(c->lqp, until);
+    }
+    while (ctx->defer_head)
+        mw__run_deferred(ctx);
+    while (!mw__list_empty(&cm->conns))
+        mw__conn_free(mw__container_of(cm->conns.next, struct mw__conn, link));
     while (!mw__list_empty(&cm->listeners))
         mw__listener_free(mw__container_of(cm->listeners.next, struct mw__listener, link));
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
-    mw__local_free(ctx, cm);
     mw__unwatch_fd(ctx, cm->ch->fd);
     event_free(cm->ev);
     if (cm->sync_ev)

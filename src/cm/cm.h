@@ -26,7 +26,7 @@ enum mw__cm_kind { MW__CM_LISTENER = 1, MW__CM_CONN };
 
 struct mw__nic;
 struct mw__lqp;
-struct mw__local;
+struct mw__rendezvous;
 
 struct mw__cm {
     struct rdma_event_channel *ch;
@@ -38,7 +38,6 @@ struct mw__cm {
     struct mw__list listeners;
     struct event *sync_ev;        /* after a device removal: librdmacm syncs */
     int sync_left;
-    struct mw__local *local;      /* the same-host socket, once needed (local.c) */
 };
 
 enum mw__conn_state {
@@ -170,7 +169,7 @@ struct mw__conn {
     struct mw__pd *pd;            /* its own: its keys work on no other QP */
     struct mw__lqp *lqp;          /* the same-host path: posts go here, not
                                      to the QP (local.c) */
-    uint64_t local_token;         /* passive, same-host: names it to the peer */
+    struct mw__rendezvous *rv;    /* same-host: the channel's setup (local.c) */
     mw_conn_opts_t opts;
     struct event *timer;          /* the current step's deadline */
     void (*timer_fn)(struct mw__conn *c);
@@ -279,18 +278,22 @@ int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_re
 
 /* local.c: the same-host path.  mw__local_transport() applies MW_TRANSPORT
  * to options (-EINVAL: a value it does not know).  The connecting side
- * offers it (mw__local_offer, before its receives are posted) and, once
- * established, takes or gives up what the peer answered
- * (mw__local_established); the accepting side takes an offer
- * (mw__local_take, once the peer's hello is in).  mw__local_hello() puts
- * the offer or answer in a handshake.  0 or -errno (with @why). */
+ * offers it (mw__local_offer, before its receives are posted: they go to
+ * the local queue pair) and, once established, keeps or gives up the
+ * channel as the peer answered (mw__local_established); the accepting side
+ * takes an offer (mw__local_take, once the peer's hello is in) and, before
+ * accepting, sets the channel up (mw__local_rendezvous: 1 when it runs,
+ * calling mw__accept_local_ready() once decided, 0 when there is nothing to
+ * do).  mw__local_hello() puts the offer or answer in a handshake;
+ * mw__local_drop() ends a rendezvous.  0 or -errno (with @why). */
 uint64_t mw__host_identity(void);
 int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o);
 int mw__local_offer(struct mw__conn *c);
 int mw__local_take(struct mw__conn *c);
+int mw__local_rendezvous(struct mw__conn *c);
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h);
 int mw__local_established(struct mw__conn *c, char *why, size_t cap);
-void mw__local_free(mw_ctx_t *ctx, struct mw__cm *cm);
+void mw__local_drop(struct mw__conn *c);
 
 /* cm.c */
 struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
@@ -328,7 +331,8 @@ void mw__conn_hand_over(struct mw__conn *c);
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
 void mw__connect_device_ready(struct mw__conn *c, int err);   /* connect.c */
 void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */
-void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_ANSWER_LEN],
+void mw__accept_local_ready(struct mw__conn *c, int err);     /* listen.c */
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
                     struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
 void mw__conn_established(struct mw__conn *c);

@@ -281,7 +281,7 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
  * too, and keepalive.c notices a silent peer then.  Read depths: ours,
  * within what the device allows; accepting, also within what the peer
  * asked for and serves. */
-void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_ANSWER_LEN],
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
                     struct rdma_conn_param *p)
 {
     bool passive = c->side == MW__SIDE_PASSIVE;
@@ -294,7 +294,7 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_ANSWER_LEN],
         .max_msg = c->opts.max_msg_size,
     };
     mw__local_hello(c, &h);
-    int len = mw__hello_encode(&h, pd, MW__HELLO_ANSWER_LEN);
+    int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
     *p = (struct rdma_conn_param){
         .private_data = pd, .private_data_len = (uint8_t)len,
         .responder_resources = rd_atoms(c->dev->attr.max_qp_rd_atom,
@@ -520,8 +520,11 @@ void mw__conn_on_disconnected(struct mw__conn *c)
      * that finished on it and freed its communicator at once: seen failing
      * a final barrier, 2 full runs in 4).  Moving our QP to the error state
      * now would flush it as failed: let those completions come -- the
-     * device's acks, or the QP's retries failing -- for a bounded time. */
+     * device's acks, or the QP's retries failing -- for a bounded time.
+     * (On the same-host path, once the peer's end was read, no answer is
+     * still on its way.) */
     if (c->state == MW__CONN_ESTABLISHED && c->wr_out > c->recv_out &&
+        !mw__lqp_peer_done(c->lqp) &&
         mw__conn_arm_timer_ms(c, peer_left, PEER_LEFT_GRACE_MS) == 0) {
         c->peer_left = true;
         return;
@@ -557,6 +560,7 @@ static void release_handle(struct mw__conn *c)
  * instead of reaching them).  Again is a no-op. */
 static void release_qp(struct mw__conn *c)
 {
+    mw__local_drop(c);
     mw__lqp_free(c->lqp);
     c->lqp = NULL;
     if (c->id && c->id->qp)

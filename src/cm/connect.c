@@ -139,7 +139,7 @@ static void on_route_resolved(struct mw__conn *c)
         attempt_failed(c, rc, "%s", why);
         return;
     }
-    uint8_t pd[MW__HELLO_ANSWER_LEN];
+    uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
     mw__conn_set_state(c, MW__CONN_CONNECTING);

@@ -9,7 +9,14 @@
  * nothing else heard, keepalive_ms later fails the connection.  A peer
  * that answers but never returns credits (alive, not reading) makes the
  * message waiting for them fail after send_timeout_ms.  An idle
- * connection sends nothing and wakes nobody. */
+ * connection sends nothing and wakes nobody.
+ *
+ * On the same-host path the peer's own loop would have to answer a probe,
+ * where a NIC answers it on a device: a peer busy outside its loop (a
+ * model load, a long forward pass) would be declared dead alive.  There
+ * the peer's liveness is its process's -- its pidfd and its socket's end,
+ * watched in the reactor (lqp.c) -- so no probe goes out, and the timer
+ * runs only for the credit deadline. */
 #include <errno.h>
 
 #include <event2/event.h>
@@ -88,6 +95,10 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     credit_deadline(c);
     if (!waiting(c))
         return;
+    if (c->lqp) {                     /* liveness is the process's (above) */
+        mw__keepalive_arm(c);
+        return;
+    }
     if (c->peer_heard != c->heard_at_probe) {   /* the peer spoke: no probe */
         mw__keepalive_arm(c);
         return;
@@ -103,7 +114,7 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
 
 void mw__keepalive_arm(struct mw__conn *c)
 {
-    if (!waiting(c) || !mw__conn_usable(c))
+    if (!waiting(c) || !mw__conn_usable(c) || (c->lqp && !c->credit_wait_since))
         return;
     if (!c->probe_ev && !(c->probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
         return;

@@ -164,14 +164,10 @@ static void refuse(struct mw__conn *c, int rc, const char *why)
     mw__conn_maybe_finish(c);
 }
 
-/* The queue pair, then the answer; 0, or an error with *@why. */
-static int answer(struct mw__conn *c, const char **why, char *buf, size_t cap)
+/* The answer, once the queue pair and the same-host channel are decided. */
+static int accept_now(struct mw__conn *c, const char **why)
 {
-    int rc;
-    *why = buf;
-    if ((rc = mw__conn_setup_qp(c, buf, cap)) < 0)
-        return rc == -EINPROGRESS ? 0 : rc;   /* mw__accept_device_ready goes on */
-    uint8_t pd[MW__HELLO_ANSWER_LEN];
+    uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
     *why = "rdma_accept failed";
@@ -179,6 +175,27 @@ static int answer(struct mw__conn *c, const char **why, char *buf, size_t cap)
         return -errno;
     mw__conn_arm_timer(c, on_accept_timeout);
     return 0;
+}
+
+/* The queue pair, then the same-host channel, then the answer; 0, or an
+ * error with *@why. */
+static int answer(struct mw__conn *c, const char **why, char *buf, size_t cap)
+{
+    int rc;
+    *why = buf;
+    if ((rc = mw__conn_setup_qp(c, buf, cap)) < 0)
+        return rc == -EINPROGRESS ? 0 : rc;   /* mw__accept_device_ready goes on */
+    if (mw__local_rendezvous(c))
+        return 0;                 /* mw__accept_local_ready goes on */
+    return accept_now(c, why);
+}
+
+void mw__accept_local_ready(struct mw__conn *c, int err)
+{
+    const char *why = "reposting the receives on the queue pair failed";
+    int rc = err ? err : accept_now(c, &why);
+    if (rc < 0)
+        refuse(c, rc, why);
 }
 
 void mw__accept_device_ready(struct mw__conn *c, int err)

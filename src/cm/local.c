@@ -4,21 +4,33 @@
  * the boot id and of the network and pid namespaces and user this process
  * runs in; equal identities mean the peer's unix sockets (abstract names are
  * per network namespace) and its memory (cross-memory attach needs its pid
- * and the kernel's leave to trace it) are within reach.  A process that the
- * kernel would not let attach (Yama's ptrace_scope without CAP_SYS_PTRACE)
- * has no identity and never offers.
+ * and the kernel's leave to trace it) may be within reach.  A process that
+ * the kernel would not let attach (Yama's ptrace_scope without
+ * CAP_SYS_PTRACE) has no identity and never offers.
  *
- * The rendezvous: the connecting side offers only when the peer's address
- * is one of this host's own (so no remote connection waits on the answer);
- * the accepting side takes the offer when the identities match, and answers
- * with its context's socket (an abstract name from a random nonce) and a
- * random token for the connection.  Once established, the connecting side
- * connects to that socket and greets with the token; the accepting side
- * finds the connection by it.  Until then what either side posts waits in
- * its local queue pair. */
+ * The rendezvous decides, before the connection is established, so that
+ * whatever refuses it leaves the connection on the device:
+ *   1. The connecting side offers only when the peer's address is one of
+ *      this host's own: it listens on an abstract unix socket named by a
+ *      random nonce, sent in its handshake (rdma_connect).
+ *   2. The accepting side, when the identities match, connects to it before
+ *      accepting and greets: a HELLO naming the nonce and where its own copy
+ *      of the nonce lies.  The connecting side takes the greeting only from
+ *      a process of its own user (SO_PEERCRED, checked as it is accepted:
+ *      other users' connections are closed before they hold anything), opens
+ *      a pidfd, reads the nonce out of the greeter's memory by cross-memory
+ *      attach (a non-dumpable or confined process refuses that), and answers
+ *      the same way; the accepting side checks the answer likewise.
+ *   3. The accepting side accepts saying whether it took the channel; any
+ *      failure, refusal or silence (within half the step timeout) means no,
+ *      and both sides' receives go to the queue pair.
+ * Each side copies with the pid the socket names, checked against the
+ * pidfd before every copy (lqp.c), so a pid reused by another process is
+ * never reached. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +38,8 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -35,28 +49,23 @@
 #include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
+#include "core/mem.h"
 
-#define GREETING_TIMEOUT_MS 5000  /* a local process that connects and says nothing */
-#define PENDING_MAX 64
-
-struct mw__local {                /* the context's socket (in struct mw__cm) */
-    int fd;
-    uint64_t nonce;
-    struct event *ev;
-    struct mw__list pending;      /* struct greeting: accepted, not yet named */
-    unsigned npending;
-};
-
-struct greeting {
-    struct mw__list link;
-    mw_ctx_t *ctx;
-    int fd;
-    struct event *ev;
+/* The setup of a connection's same-host channel (c->rv), gone once the
+ * accepting side decided (passive) or the connection is established
+ * (active). */
+struct mw__rendezvous {
+    struct mw__conn *c;
+    uint64_t nonce;               /* names the socket; the word the peer reads */
+    int lfd;                      /* connecting side: the socket it listens on */
+    int fd;                       /* the channel, being greeted */
+    pid_t pid;                    /* its peer (SO_PEERCRED) */
+    struct event *lev, *ev;
     uint8_t buf[32];
     size_t got;
 };
 
-/* A random non-zero 64-bit value (a token, a socket's nonce). */
+/* A random non-zero 64-bit value. */
 static int random64(uint64_t *v)
 {
     for (*v = 0; !*v;)
@@ -155,9 +164,15 @@ int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o)
 
 /* --- the connection's side ------------------------------------------------- */
 
+/* A key and range of ours the peer names: an export standing now.  Memory
+ * unmapped and mapped again at the same address must not take the write
+ * meant for the old pages (on a device the old pages would, pinned), so
+ * what the registration cache heard of unmaps is taken first. */
 static int on_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
 {
-    return mw__rdma_export_covers(arg, rkey, addr, len) ? 0 : -EACCES;
+    struct mw__conn *c = arg;
+    mw__mem_sync(c->ctx);
+    return mw__rdma_export_covers(c, rkey, addr, len) ? 0 : -EACCES;
 }
 
 static void on_ended(void *arg, int err, const char *why)
@@ -167,11 +182,12 @@ static void on_ended(void *arg, int err, const char *why)
      * ended): what it sent before is taken.  Its rdma_cm disconnect follows
      * (the kernel sends it for a process that dies too), and the connection
      * ends by that, as on the device path, in the same order and with the
-     * same grace for completions; the keepalive covers a peer whose
-     * disconnect never comes. */
-    if (err == -ECONNRESET)
+     * same grace for completions; a peer whose disconnect never comes is
+     * covered by its process's exit (the pidfd), or, failing that, by the
+     * keepalive's deadline. */
+    if (err == -ECONNRESET && mw__conn_usable(c))
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %s", c->stats.remote, why);
-    else
+    else if (err != -ECONNRESET)
         mw__conn_fail(c, err, "same-host channel: %s", why);
 }
 
@@ -179,7 +195,7 @@ static const struct mw__lqp_ops lqp_ops = {on_access, on_ended};
 
 static int new_lqp(struct mw__conn *c)
 {
-    int rc = mw__lqp_new(c->ctx, &lqp_ops, c, &c->lqp);
+    int rc = mw__lqp_new(c->ctx, &lqp_ops, c, c->opts.timeout_ms, &c->lqp);
     if (rc == 0)
         c->stats.transport = MW_TRANSPORT_LOCAL;
     return rc;
@@ -211,46 +227,6 @@ static bool peer_is_here(struct mw__conn *c)
     return false;
 }
 
-int mw__local_offer(struct mw__conn *c)
-{
-    if (c->opts.transport == MW_TRANSPORT_RDMA || !mw__host_identity() || !peer_is_here(c))
-        return 0;
-    return new_lqp(c);
-}
-
-static int listen_here(mw_ctx_t *ctx, struct mw__cm *cm);
-
-int mw__local_take(struct mw__conn *c)
-{
-    struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
-    uint64_t host = mw__host_identity();
-    if (c->opts.transport == MW_TRANSPORT_RDMA || !(c->peer.flags & MW__HELLO_LOCAL) || !host ||
-        c->peer.host != host)
-        return 0;
-    int rc = listen_here(c->ctx, cm);
-    if (rc < 0) {                 /* the device path still works */
-        MW_LOG(c->ctx, MW_LOG_WARN, "same-host path unavailable (%s): over the device",
-               mw_strerror(rc));
-        return 0;
-    }
-    if ((rc = random64(&c->local_token)) < 0)
-        return rc;
-    return new_lqp(c);
-}
-
-void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)
-{
-    if (!c->lqp)
-        return;
-    struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
-    h->flags |= MW__HELLO_LOCAL;
-    h->host = mw__host_identity();
-    if (c->side == MW__SIDE_PASSIVE) {
-        h->nonce = cm->local->nonce;
-        h->token = c->local_token;
-    }
-}
-
 static void socket_name(uint64_t nonce, struct sockaddr_un *a, socklen_t *len)
 {
     *a = (struct sockaddr_un){.sun_family = AF_UNIX};
@@ -259,154 +235,314 @@ static void socket_name(uint64_t nonce, struct sockaddr_un *a, socklen_t *len)
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-/* The connecting side, established: take the path the peer answered, or
- * give the receives kept for it to the queue pair. */
+/* The process at the other end of @fd, when it is of this user and
+ * visible in this pid namespace: its pid, else 0. */
+static pid_t peer_of_this_user(int fd)
+{
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || cr.pid <= 0 ||
+        cr.uid != geteuid())
+        return 0;
+    return cr.pid;
+}
+
+static bool exited(int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    return poll(&p, 1, 0) != 0;
+}
+
+/* A pidfd for @pid whose process keeps @nonce at @addr, readable by
+ * cross-memory attach (the kernel allows it both ways for the same pair:
+ * PTRACE_MODE_ATTACH), else -1 with *@why. */
+static int probe(pid_t pid, uint64_t addr, uint64_t nonce, const char **why)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        *why = "no pidfd for the peer's process";
+        return -1;
+    }
+    uint64_t v = 0;
+    struct iovec l = {&v, sizeof v}, r = {(void *)(uintptr_t)addr, sizeof v};
+    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    *why = n < 0 && errno == EPERM ? "the kernel refuses cross-memory attach to the peer "
+                                     "(non-dumpable, or a security module)"
+           : n != sizeof v || v != nonce ? "the peer's process does not hold the nonce"
+           : exited(pidfd) ? "the peer's process ended" : NULL;
+    if (*why) {
+        close(pidfd);
+        return -1;
+    }
+    return pidfd;
+}
+
+static int rv_new(struct mw__conn *c, uint64_t nonce)
+{
+    struct mw__rendezvous *rv = mw__calloc(1, sizeof *rv);
+    if (!rv)
+        return -ENOMEM;
+    *rv = (struct mw__rendezvous){.c = c, .nonce = nonce, .lfd = -1, .fd = -1};
+    c->rv = rv;
+    return 0;
+}
+
+static void rv_close_channel(struct mw__rendezvous *rv)
+{
+    if (rv->ev) {
+        mw__unwatch_fd(rv->c->ctx, rv->fd);
+        event_free(rv->ev);
+        rv->ev = NULL;
+    }
+    if (rv->fd >= 0)
+        close(rv->fd);
+    rv->fd = -1;
+    rv->got = 0;
+}
+
+static void rv_close_listener(struct mw__rendezvous *rv)
+{
+    if (rv->lev) {
+        mw__unwatch_fd(rv->c->ctx, rv->lfd);
+        event_free(rv->lev);
+        rv->lev = NULL;
+    }
+    if (rv->lfd >= 0)
+        close(rv->lfd);
+    rv->lfd = -1;
+}
+
+void mw__local_drop(struct mw__conn *c)
+{
+    struct mw__rendezvous *rv = c->rv;
+    if (!rv)
+        return;
+    rv_close_channel(rv);
+    rv_close_listener(rv);
+    mw__free(rv);
+    c->rv = NULL;
+}
+
+/* Watch @fd for @fn, within @ms (0: no deadline). */
+static int rv_watch(struct mw__rendezvous *rv, int fd, struct event **ev, event_callback_fn fn,
+                    unsigned ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (!(*ev = event_new(rv->c->ctx->base, fd, EV_READ | EV_PERSIST, fn, rv)))
+        return -ENOMEM;
+    int rc = mw__watch_fd(rv->c->ctx, fd);
+    if (rc < 0) {
+        event_free(*ev);
+        *ev = NULL;
+        return rc;
+    }
+    mw__ev_add(rv->c->ctx, *ev, ms ? &tv : NULL);
+    return 0;
+}
+
+/* How long the accepting side waits for the channel before it accepts
+ * without: well within the connecting side's step deadline. */
+static unsigned rendezvous_ms(const struct mw__conn *c)
+{
+    return c->opts.timeout_ms / 2 ? c->opts.timeout_ms / 2 : 1;
+}
+
+/* Take channel @fd to @pid, checked: the queue pair carries it from now on
+ * (after @first, if any). */
+static int take_channel(struct mw__rendezvous *rv, int pidfd, const uint8_t *first)
+{
+    int fd = rv->fd;
+    if (rv->ev) {
+        mw__unwatch_fd(rv->c->ctx, fd);
+        event_free(rv->ev);
+        rv->ev = NULL;
+    }
+    rv->fd = -1;
+    return mw__lqp_attach(rv->c->lqp, fd, rv->pid, pidfd, first);
+}
+
+/* --- the connecting side ----------------------------------------------------- */
+
+/* The accepting side's greeting: checked, answered, and the channel taken;
+ * anything else closes it (that side accepts without it then). */
+static void on_greeting(evutil_socket_t fd, short what, void *arg)
+{
+    struct mw__rendezvous *rv = arg;
+    struct mw__conn *c = rv->c;
+    uint64_t nonce = 0, addr = 0;
+    int rc = what & EV_TIMEOUT ? -ETIMEDOUT : mw__lqp_read_hello((int)fd, rv->buf, &rv->got,
+                                                                  &nonce, &addr);
+    if (rc == 0)
+        return;                   /* more to come */
+    const char *why = rc == -ETIMEDOUT ? "said nothing" : "sent no greeting";
+    int pidfd = rc == 1 && nonce == rv->nonce ? probe(rv->pid, addr, nonce, &why) : -1;
+    if (rc == 1 && nonce != rv->nonce)
+        why = "named another connection";
+    if (pidfd < 0) {
+        MW_LOG(c->ctx, MW_LOG_INFO, "%s: same-host greeting from process %d refused (%s)",
+               c->stats.remote, (int)rv->pid, why);
+        rv_close_channel(rv);
+        return;
+    }
+    uint8_t answer[32];
+    mw__lqp_hello(rv->nonce, &rv->nonce, answer);
+    rv_close_listener(rv);        /* one channel per connection */
+    if ((rc = take_channel(rv, pidfd, answer)) < 0)
+        MW_LOG(c->ctx, MW_LOG_WARN, "%s: cannot take the same-host channel: %s",
+               c->stats.remote, mw_strerror(rc));
+}
+
+static void on_channel_accept(evutil_socket_t lfd, short what, void *arg)
+{
+    (void)what;
+    struct mw__rendezvous *rv = arg;
+    int fd;
+    while ((fd = accept4((int)lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+        pid_t pid = peer_of_this_user(fd);
+        if (!pid || rv->fd >= 0) {    /* another user's, or a second at once */
+            MW_LOG(rv->c->ctx, MW_LOG_DEBUG, "%s: same-host socket: %s dropped", rv->c->stats.remote,
+                   pid ? "a second greeter" : "a process of another user");
+            close(fd);
+            continue;
+        }
+        rv->fd = fd;
+        rv->pid = pid;
+        if (rv_watch(rv, fd, &rv->ev, on_greeting, rendezvous_ms(rv->c)) < 0)
+            rv_close_channel(rv);
+    }
+}
+
+int mw__local_offer(struct mw__conn *c)
+{
+    if (c->opts.transport == MW_TRANSPORT_RDMA || !mw__host_identity() || !peer_is_here(c))
+        return 0;
+    uint64_t nonce;
+    int rc = random64(&nonce);
+    if (rc == 0 && (rc = rv_new(c, nonce)) == 0) {
+        struct mw__rendezvous *rv = c->rv;
+        struct sockaddr_un a;
+        socklen_t len;
+        socket_name(nonce, &a, &len);
+        rv->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (rv->lfd < 0 || bind(rv->lfd, (struct sockaddr *)&a, len) < 0 || listen(rv->lfd, 16) < 0)
+            rc = -errno;
+        else
+            rc = rv_watch(rv, rv->lfd, &rv->lev, on_channel_accept, 0);
+    }
+    if (rc == 0)
+        rc = new_lqp(c);
+    if (rc < 0) {
+        mw__local_drop(c);
+        if (rc == -ENOMEM)
+            return rc;
+        MW_LOG(c->ctx, MW_LOG_WARN, "same-host path unavailable (%s): over the device",
+               mw_strerror(rc));
+    }
+    return 0;
+}
+
 int mw__local_established(struct mw__conn *c, char *why, size_t cap)
 {
     if (!c->lqp)
         return 0;
-    if (!(c->peer.flags & MW__HELLO_LOCAL) || !c->peer.token) {
-        mw__lqp_free(c->lqp);     /* declined: receives go to the device */
-        c->lqp = NULL;
-        c->stats.transport = MW_TRANSPORT_RDMA;
-        int rc = mw__msg_repost_recvs(c);
-        if (rc < 0)
-            snprintf(why, cap, "reposting receives on the queue pair failed: %s", mw_strerror(rc));
-        return rc;
+    bool taken = c->peer.flags & MW__HELLO_LOCAL, attached = mw__lqp_peer(c->lqp) != 0;
+    mw__local_drop(c);
+    if (taken && !attached) {
+        snprintf(why, cap, "the peer took a same-host channel that was never opened");
+        return -EPROTO;
     }
-    struct sockaddr_un a;
-    socklen_t len;
-    socket_name(c->peer.nonce, &a, &len);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int rc = fd < 0 ? -errno : connect(fd, (struct sockaddr *)&a, len) < 0 ? -errno : 0;
-    if (rc == 0)
-        return mw__lqp_attach(c->lqp, fd, c->peer.token, true) < 0
-                   ? (snprintf(why, cap, "same-host channel: the peer's process is not "
-                                         "visible here"), -ESRCH)
-                   : 0;
-    if (fd >= 0)
-        close(fd);
-    snprintf(why, cap, "same-host channel: cannot reach the peer's socket: %s", mw_strerror(rc));
+    if (taken)
+        return 0;
+    MW_LOG(c->ctx, MW_LOG_INFO, "%s: the peer did not take the same-host channel: over the device",
+           c->stats.remote);
+    mw__lqp_free(c->lqp);         /* declined: receives go to the device */
+    c->lqp = NULL;
+    c->stats.transport = MW_TRANSPORT_RDMA;
+    int rc = mw__msg_repost_recvs(c);
+    if (rc < 0)
+        snprintf(why, cap, "reposting receives on the queue pair failed: %s", mw_strerror(rc));
     return rc;
 }
 
-/* --- the context's socket -------------------------------------------------- */
+/* --- the accepting side ------------------------------------------------------ */
 
-static void greeting_free(struct mw__cm *cm, struct greeting *g, bool close_fd)
+int mw__local_take(struct mw__conn *c)
 {
-    mw__list_del(&g->link);
-    cm->local->npending--;
-    mw__unwatch_fd(g->ctx, g->fd);
-    event_free(g->ev);
-    if (close_fd)
-        close(g->fd);
-    mw__free(g);
-}
-
-static struct mw__conn *conn_of_token(struct mw__cm *cm, uint64_t token)
-{
-    struct mw__conn *c;
-    mw__list_for_each(c, &cm->conns, link) {
-        if (c->lqp && c->local_token == token && !mw__lqp_peer(c->lqp) &&
-            c->side == MW__SIDE_PASSIVE && c->state != MW__CONN_FREED)
-            return c;
-    }
-    return NULL;
-}
-
-static void on_greeting(evutil_socket_t fd, short what, void *arg)
-{
-    struct greeting *g = arg;
-    mw_ctx_t *ctx = g->ctx;
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    uint64_t token = 0;
-    int rc = what & EV_TIMEOUT ? -ETIMEDOUT : mw__lqp_read_greeting(fd, g->buf, &g->got, &token);
-    if (rc == 0)
-        return;                   /* more to come */
-    struct mw__conn *c = rc == 1 ? conn_of_token(cm, token) : NULL;
-    if (!c) {
-        MW_LOG(ctx, MW_LOG_INFO, "same-host socket: a local process %s: dropped",
-               rc == 1 ? "named no connection of ours" : rc == -ETIMEDOUT ? "said nothing"
-                                                                          : "sent no greeting");
-        greeting_free(cm, g, true);
-        return;
-    }
-    greeting_free(cm, g, false);
-    if ((rc = mw__lqp_attach(c->lqp, (int)fd, token, false)) < 0)
-        mw__conn_fail(c, rc, "same-host channel: cannot take the peer's socket: %s",
-                      mw_strerror(rc));
-}
-
-static void on_local_accept(evutil_socket_t lfd, short what, void *arg)
-{
-    (void)what;
-    mw_ctx_t *ctx = arg;
-    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
-    int fd;
-    while ((fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-        struct greeting *g = cm->local->npending < PENDING_MAX ? mw__calloc(1, sizeof *g) : NULL;
-        struct timeval tv = {GREETING_TIMEOUT_MS / 1000, 0};
-        if (g)
-            *g = (struct greeting){.ctx = ctx, .fd = fd};
-        if (!g || !(g->ev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_greeting, g)) ||
-            mw__watch_fd(ctx, fd) < 0) {
-            if (g && g->ev)
-                event_free(g->ev);
-            mw__free(g);
-            close(fd);
-            continue;
-        }
-        mw__list_add_tail(&cm->local->pending, &g->link);
-        cm->local->npending++;
-        mw__ev_add(ctx, g->ev, &tv);
-    }
-}
-
-static int listen_here(mw_ctx_t *ctx, struct mw__cm *cm)
-{
-    if (cm->local)
+    uint64_t host = mw__host_identity();
+    if (c->opts.transport == MW_TRANSPORT_RDMA || !(c->peer.flags & MW__HELLO_LOCAL) || !host ||
+        c->peer.host != host || !c->peer.nonce)
         return 0;
-    struct mw__local *l = mw__calloc(1, sizeof *l);
-    if (!l)
-        return -ENOMEM;
-    mw__list_init(&l->pending);
+    int rc = rv_new(c, c->peer.nonce);
+    if (rc == 0 && (rc = new_lqp(c)) < 0)
+        mw__local_drop(c);
+    return rc;
+}
+
+/* The rendezvous is over: the channel taken or not, the accept goes on. */
+static void decided(struct mw__conn *c, const char *declined)
+{
+    int rc = 0;
+    mw__local_drop(c);
+    if (declined) {
+        MW_LOG(c->ctx, MW_LOG_INFO, "%s: same-host channel not taken (%s): over the device",
+               c->stats.remote, declined);
+        mw__lqp_free(c->lqp);
+        c->lqp = NULL;
+        c->stats.transport = MW_TRANSPORT_RDMA;
+        rc = mw__msg_repost_recvs(c);
+    }
+    mw__accept_local_ready(c, rc);
+}
+
+static void on_answer(evutil_socket_t fd, short what, void *arg)
+{
+    struct mw__rendezvous *rv = arg;
+    uint64_t nonce = 0, addr = 0;
+    int rc = what & EV_TIMEOUT ? -ETIMEDOUT : mw__lqp_read_hello((int)fd, rv->buf, &rv->got,
+                                                                  &nonce, &addr);
+    if (rc == 0)
+        return;
+    const char *why = rc == -ETIMEDOUT ? "no answer in time" : "the peer closed the channel";
+    int pidfd = rc == 1 && nonce == rv->nonce ? probe(rv->pid, addr, nonce, &why) : -1;
+    if (rc == 1 && nonce != rv->nonce)
+        why = "an answer naming another connection";
+    if (pidfd >= 0 && (rc = take_channel(rv, pidfd, NULL)) < 0)
+        why = mw_strerror(rc);
+    decided(rv->c, pidfd >= 0 && rc >= 0 ? NULL : why);
+}
+
+int mw__local_rendezvous(struct mw__conn *c)
+{
+    struct mw__rendezvous *rv = c->rv;
+    if (!rv)
+        return 0;
     struct sockaddr_un a;
     socklen_t len;
-    int rc = random64(&l->nonce);
-    if (rc < 0) {
-        mw__free(l);
-        return rc;
-    }
-    socket_name(l->nonce, &a, &len);
-    l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (l->fd < 0 || bind(l->fd, (struct sockaddr *)&a, len) < 0 || listen(l->fd, 128) < 0)
-        rc = -errno;
-    else if (!(l->ev = event_new(ctx->base, l->fd, EV_READ | EV_PERSIST, on_local_accept, ctx)))
-        rc = -ENOMEM;
-    else if ((rc = mw__watch_fd(ctx, l->fd)) == 0)
-        mw__ev_add(ctx, l->ev, NULL);
-    if (rc < 0) {
-        if (l->ev)
-            event_free(l->ev);
-        if (l->fd >= 0)
-            close(l->fd);
-        mw__free(l);
-        return rc;
-    }
-    cm->local = l;
-    return 0;
+    socket_name(rv->nonce, &a, &len);
+    uint8_t hello[32];
+    mw__lqp_hello(rv->nonce, &rv->nonce, hello);
+    const char *why = NULL;
+    rv->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (rv->fd < 0 || connect(rv->fd, (struct sockaddr *)&a, len) < 0)
+        why = "cannot reach the peer's socket";
+    else if (!(rv->pid = peer_of_this_user(rv->fd)))
+        why = "the socket is another user's";
+    else if (send(rv->fd, hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof hello)
+        why = "cannot greet the peer";
+    else if (rv_watch(rv, rv->fd, &rv->ev, on_answer, rendezvous_ms(c)) < 0)
+        why = "out of memory";
+    if (!why)
+        return 1;                 /* on_answer goes on */
+    decided(c, why);
+    return 1;
 }
 
-void mw__local_free(mw_ctx_t *ctx, struct mw__cm *cm)
+void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)
 {
-    struct mw__local *l = cm->local;
-    if (!l)
+    if (!c->lqp)
         return;
-    while (!mw__list_empty(&l->pending))
-        greeting_free(cm, mw__container_of(l->pending.next, struct greeting, link), true);
-    mw__unwatch_fd(ctx, l->fd);
-    event_free(l->ev);
-    close(l->fd);
-    mw__free(l);
-    cm->local = NULL;
+    h->flags |= MW__HELLO_LOCAL;
+    h->host = mw__host_identity();
+    if (c->side == MW__SIDE_ACTIVE)
+        h->nonce = c->rv ? c->rv->nonce : 0;
 }

@@ -7,24 +7,37 @@
  *
  *   off size field
  *     0   1  type     SEND, WRITE, READ (requests); ACK, ERR (answers);
- *                     HELLO (the connecting side's first, see local.c)
+ *                     HELLO (the rendezvous, local.c: before the channel)
  *     1   1  flags    INLINE, IMM
  *     2   2  zero
  *     4   4  len      the request's bytes
  *     8   8  addr     the initiator's buffer (CMA), else 0
  *    16   8  arg      WRITE/READ: the target address; ACK: requests done so
- *                     far; ERR: the request that failed; HELLO: the token
+ *                     far; ERR: the request that failed; HELLO: the nonce
  *    24   4  rkey     WRITE/READ: the key; ERR: the ibv_wc_status
  *    28   4  imm      WRITE with IMM: the immediate, as posted
  *
  * Requests are numbered from 0 in each direction by both ends; an ACK says
  * how many the responder has executed, an ERR that one failed (those
- * before it succeeded) and that it executes no more. */
+ * before it succeeded) and that it executes no more.
+ *
+ * The end.  A side that fails (its connection failed, aborted, closed)
+ * shuts its socket for writing: the peer executes none of its requests
+ * once it sees that -- the wake-up's EV_CLOSED, or poll()'s POLLRDHUP,
+ * asked right before every cross-memory copy -- and answers by shutting
+ * its own, after the answers it owes.  Only the peer's end (or its
+ * process's exit, from a pidfd) tells the failing side that nobody will
+ * touch the memory its unanswered requests name: their completions wait
+ * for it, as a device's flushes wait for the queue pair to stop, up to
+ * bound_ms.  Past that (the peer's process alive, outside its loop) they
+ * complete MW__LQP_WC_UNCONFIRMED: the peer has been told, checks before
+ * each copy, and may still finish at most the one it had begun. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -74,18 +87,25 @@ struct mw__lqp {
     mw_ctx_t *ctx;
     const struct mw__lqp_ops *ops;
     void *arg;
-    int fd;
+    unsigned bound_ms;                /* a failure waits this long for the peer */
+    int fd, pidfd;
     pid_t peer;
-    struct event *rev, *wev, *resume_ev;
+    struct event *rev, *wev, *pev, *resume_ev, *bound_ev;
     struct evbuffer *in, *out;
     struct fifo sq, rq;               /* struct swr, struct rwr */
     uint64_t sq_done;                 /* our requests answered so far */
     uint64_t served, acked;           /* the peer's requests executed / acked */
     bool refusing;                    /* we answered ERR: execute nothing more */
-    uint64_t awaited;                 /* the greeting the peer must answer with */
+    bool shut;                    /* our end is shut: nothing more is written */
+    bool peer_shut;               /* its end is shut: nothing more executes,
+                                     either way (ours is shut then too) */
+    bool peer_eof;                /* and all it sent is read (or it exited) */
+    bool peer_refused;            /* it answered ERR: it executes nothing more */
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
     bool draining;                /* meanwhile: completions wait in late */
+    bool quiescing;               /* closing, waiting for the peer's end */
+    enum ibv_wc_status flush_status;  /* of what is still posted at the end */
     struct ibv_wc *late;
     size_t nlate, caplate;
     struct mw__task flush_task, end_task;
@@ -169,7 +189,7 @@ static void end_later(struct mw__lqp *q, int err, const char *why);
  * event; the peer's next answer also brings us back here). */
 static void flush_out(struct mw__lqp *q)
 {
-    while (q->fd >= 0 && evbuffer_get_length(q->out)) {
+    while (q->fd >= 0 && !q->shut && evbuffer_get_length(q->out)) {
         struct iovec iov[16];
         int n = evbuffer_peek(q->out, -1, NULL, (struct evbuffer_iovec *)iov, 16);
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(n < 16 ? n : 16)};
@@ -183,7 +203,7 @@ static void flush_out(struct mw__lqp *q)
         }
         evbuffer_drain(q->out, (size_t)w);
     }
-    bool want = q->fd >= 0 && !q->ended && evbuffer_get_length(q->out);
+    bool want = q->fd >= 0 && !q->shut && !q->ended && evbuffer_get_length(q->out);
     if (want != q->want_out && q->wev) {
         q->want_out = want;
         if (want)
@@ -192,6 +212,20 @@ static void flush_out(struct mw__lqp *q)
             event_del(q->wev);
         mw__watch_fd_out(q->ctx, q->fd, want);
     }
+}
+
+/* Shut our end for writing, after what the socket takes of what is
+ * written (the rest is dropped: a record cut short is never executed).
+ * The peer executes nothing of ours once it sees this. */
+static void shut_out(struct mw__lqp *q)
+{
+    if (q->shut || q->fd < 0)
+        return;
+    flush_out(q);
+    q->shut = true;
+    flush_out(q);                 /* stops waiting for room */
+    evbuffer_drain(q->out, evbuffer_get_length(q->out));
+    shutdown(q->fd, SHUT_WR);
 }
 
 static int add_rec(struct mw__lqp *q, const struct rec *r, const void *payload)
@@ -207,7 +241,7 @@ static int add_rec(struct mw__lqp *q, const struct rec *r, const void *payload)
 /* The requests executed since the last ACK, acknowledged. */
 static void ack(struct mw__lqp *q)
 {
-    if (q->served == q->acked || q->refusing)
+    if (q->served == q->acked || q->refusing || q->shut)
         return;
     struct rec r = {.type = REC_ACK, .arg = q->served};
     if (add_rec(q, &r, NULL) == 0)
@@ -240,12 +274,15 @@ static void dispatch(struct mw__lqp *q, struct ibv_wc *wc, int *n)
     *n = 0;
 }
 
-/* Every request and receive still posted completes as a flush. */
+/* Every request and receive still posted completes as a flush (requests
+ * with flush_status: unconfirmed, when the peer never said it stopped). */
 static void flush_all(struct mw__task *t)
 {
     struct mw__lqp *q = mw__container_of(t, struct mw__lqp, flush_task);
     struct ibv_wc wc[BATCH];
     int n = 0;
+    if (q->quiescing)             /* not yet: the peer's end first */
+        return;
     q->draining = false;
     for (size_t i = 0; i < q->nlate; i += BATCH) {   /* what completed first */
         size_t k = q->nlate - i < BATCH ? q->nlate - i : BATCH;
@@ -257,7 +294,7 @@ static void flush_all(struct mw__task *t)
             struct swr s;
             fifo_pop(&q->sq, &s);
             q->sq_done++;
-            wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = IBV_WC_WR_FLUSH_ERR,
+            wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = q->flush_status,
                                       .opcode = s.opcode};
         } else {
             struct rwr r;
@@ -269,6 +306,28 @@ static void flush_all(struct mw__task *t)
             dispatch(q, wc, &n);
     }
     dispatch(q, wc, &n);
+}
+
+static void close_fd(struct mw__lqp *q);
+
+/* Closing: the peer will execute nothing more of ours (@confirmed: it
+ * said so by its end, or its process is gone; else bound_ms passed). */
+static void quiesced(struct mw__lqp *q, bool confirmed)
+{
+    if (!q->quiescing)
+        return;
+    q->quiescing = false;
+    if (q->bound_ev)
+        event_del(q->bound_ev);
+    if (!confirmed) {
+        q->flush_status = MW__LQP_WC_UNCONFIRMED;
+        MW_LOG(q->ctx, MW_LOG_WARN, "same-host path: process %d has not run its loop for %u ms "
+               "since it was told to stop executing our requests: %zu of them fail unconfirmed "
+               "(-EBUSY; it may still finish the one copy it had begun)", (int)q->peer,
+               q->bound_ms, q->sq.n);
+    }
+    close_fd(q);
+    mw__defer(q->ctx, &q->flush_task);
 }
 
 /* The peer answered our requests up to @upto (exclusive); request @upto
@@ -299,19 +358,46 @@ static const char *answered(struct mw__lqp *q, uint64_t upto, bool failed,
         q->sq_done++;
         wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = status, .opcode = s.opcode};
         q->error = true;          /* as RC: nothing after it executes */
+        q->peer_refused = true;
         mw__defer(q->ctx, &q->flush_task);
     }
     dispatch(q, wc, &n);
+    if (failed || !q->sq.n)       /* the peer executes nothing more of ours */
+        quiesced(q, true);
     return NULL;
 }
 
 /* --- executing the peer's requests ---------------------------------------- */
 
-/* Move @len bytes between @local (ours) and @remote (the peer's): read
- * them from the peer, or write them there.  0, or the status to answer. */
-static enum ibv_wc_status cma(struct mw__lqp *q, void *local, uint64_t remote, uint32_t len,
-                              bool from_peer)
+static void peer_shut(struct mw__lqp *q);
+
+/* Whether the peer still wants its requests executed, asked right before
+ * a copy to or from its memory: its end not shut (it gave up on them), and
+ * its process the one the pidfd names (a pid alone may have been reused). */
+static bool peer_still_wants(struct mw__lqp *q)
 {
+    struct pollfd p[2] = {{.fd = q->fd, .events = POLLRDHUP}, {.fd = q->pidfd, .events = POLLIN}};
+    int n;
+    do
+        n = poll(p, q->pidfd >= 0 ? 2 : 1, 0);
+    while (n < 0 && errno == EINTR);
+    if (n > 0 && (p[0].revents & (POLLRDHUP | POLLHUP) || p[1].revents)) {
+        peer_shut(q);
+        return false;
+    }
+    return true;
+}
+
+/* Move @len bytes between @local (ours) and @remote (the peer's): read
+ * them from the peer, or write them there.  0, or the status to answer;
+ * *@gave_up when the peer no longer wants it (nothing moved). */
+static enum ibv_wc_status cma(struct mw__lqp *q, void *local, uint64_t remote, uint32_t len,
+                              bool from_peer, bool *gave_up)
+{
+    if (!peer_still_wants(q)) {
+        *gave_up = true;
+        return IBV_WC_WR_FLUSH_ERR;
+    }
     struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
     ssize_t n = from_peer ? process_vm_readv(q->peer, &l, 1, &r, 1, 0)
                           : process_vm_writev(q->peer, &l, 1, &r, 1, 0);
@@ -319,16 +405,17 @@ static enum ibv_wc_status cma(struct mw__lqp *q, void *local, uint64_t remote, u
         return IBV_WC_SUCCESS;
     if (n < 0 && errno == EPERM)
         MW_LOG(q->ctx, MW_LOG_ERROR, "same-host path: the kernel refused cross-memory attach "
-               "to process %d (EPERM: kernel.yama.ptrace_scope?); MW_TRANSPORT=rdma avoids it",
+               "to process %d (EPERM), though it allowed it when the channel was set up",
                (int)q->peer);
     return IBV_WC_LOC_PROT_ERR;   /* the initiator's buffer is not there */
 }
 
 /* Payload of request @r into @dst: from the record, or from the peer. */
-static enum ibv_wc_status take_payload(struct mw__lqp *q, const struct rec *r, void *dst)
+static enum ibv_wc_status take_payload(struct mw__lqp *q, const struct rec *r, void *dst,
+                                       bool *gave_up)
 {
     if (!(r->flags & REC_INLINE))
-        return r->len ? cma(q, dst, r->addr, r->len, true) : IBV_WC_SUCCESS;
+        return r->len ? cma(q, dst, r->addr, r->len, true, gave_up) : IBV_WC_SUCCESS;
     evbuffer_remove(q->in, dst, r->len);
     return IBV_WC_SUCCESS;
 }
@@ -344,13 +431,14 @@ static bool pop_recv(struct mw__lqp *q, struct rwr *out)
 }
 
 /* Execute one request; its payload, if inline, is in q->in.  Return a
- * protocol violation, or NULL (a failed access is answered, not fatal). */
+ * protocol violation, or NULL (a failed access is answered, not fatal; a
+ * request the peer no longer wants is dropped unanswered). */
 static const char *execute(struct mw__lqp *q, const struct rec *r, size_t *moved)
 {
     enum ibv_wc_status st = IBV_WC_SUCCESS;
     struct rwr rw;
     struct ibv_wc wc = {0};
-    bool deliver = false;
+    bool deliver = false, gave_up = false;
     if (r->type == REC_SEND) {
         if (!pop_recv(q, &rw))
             return "a message with no receive posted (beyond its credits)";
@@ -359,7 +447,7 @@ static const char *execute(struct mw__lqp *q, const struct rec *r, size_t *moved
             wc = (struct ibv_wc){.wr_id = rw.wr_id, .status = IBV_WC_LOC_LEN_ERR,
                                  .opcode = IBV_WC_RECV};
             deliver = true;
-        } else if ((st = take_payload(q, r, rw.buf)) == IBV_WC_SUCCESS) {
+        } else if ((st = take_payload(q, r, rw.buf, &gave_up)) == IBV_WC_SUCCESS) {
             wc = (struct ibv_wc){.wr_id = rw.wr_id, .opcode = IBV_WC_RECV, .byte_len = r->len};
             deliver = true;
         } else {
@@ -371,9 +459,9 @@ static const char *execute(struct mw__lqp *q, const struct rec *r, size_t *moved
         if (r->len && q->ops->access(q->arg, r->rkey, r->arg, r->len) < 0)
             st = IBV_WC_REM_ACCESS_ERR;
         else if (write)
-            st = take_payload(q, r, mem);
+            st = take_payload(q, r, mem, &gave_up);
         else
-            st = r->len ? cma(q, mem, r->addr, r->len, false) : IBV_WC_SUCCESS;
+            st = r->len ? cma(q, mem, r->addr, r->len, false, &gave_up) : IBV_WC_SUCCESS;
         if (st == IBV_WC_SUCCESS && r->flags & REC_IMM) {
             if (!pop_recv(q, &rw))
                 return "an immediate with no receive posted (beyond its credits)";
@@ -384,6 +472,8 @@ static const char *execute(struct mw__lqp *q, const struct rec *r, size_t *moved
     }
     if (r->flags & REC_INLINE && st != IBV_WC_SUCCESS)
         evbuffer_drain(q->in, r->len);        /* not taken */
+    if (gave_up)
+        return NULL;
     *moved += r->len;
     if (st != IBV_WC_SUCCESS) {
         struct rec e = {.type = REC_ERR, .arg = q->served, .rkey = st};
@@ -425,25 +515,39 @@ static void end_later(struct mw__lqp *q, int err, const char *why)
     mw__defer(q->ctx, &q->end_task);
 }
 
+/* The peer shut its end (or its process is gone): it waits for nothing
+ * more from us but the answers we owe, and our end, which says we execute
+ * nothing more of its requests (take_records drops them from now on). */
+static void peer_shut(struct mw__lqp *q)
+{
+    if (q->peer_shut)
+        return;
+    q->peer_shut = true;
+    ack(q);
+    shut_out(q);
+}
+
+static bool may_execute(const struct mw__lqp *q)
+{
+    return !q->refusing && !q->peer_shut && !q->shut && (!q->error || q->draining);
+}
+
 /* Take the complete records in q->in, within the turn's budget: 1 when
- * some are left for the next turn. */
+ * some are left for the next turn.  Answers are always taken; requests
+ * only while may_execute(). */
 static int take_records(struct mw__lqp *q)
 {
     size_t moved = 0;
-    while ((!q->error || q->draining) && !q->ended) {
+    while (!q->ended) {
         uint8_t b[REC_LEN];
         struct rec r;
         if (evbuffer_copyout(q->in, b, REC_LEN) < REC_LEN)
             break;
         const char *bad = rec_decode(b, &r);
-        if (!bad && r.type == REC_HELLO && q->awaited && r.arg == q->awaited) {
-            evbuffer_drain(q->in, REC_LEN);   /* the peer took the channel */
-            q->awaited = 0;
-            continue;
-        }
-        if (bad || r.type == REC_HELLO || q->awaited) {
-            ended(q, -EPROTO, bad ? bad : q->awaited ? "no answer to the greeting"
-                                                     : "a second greeting");
+        if (!bad && r.type == REC_HELLO)
+            bad = "a greeting inside the channel";
+        if (bad) {
+            ended(q, -EPROTO, bad);
             return 0;
         }
         size_t inl = r.flags & REC_INLINE ? r.len : 0;
@@ -452,13 +556,12 @@ static int take_records(struct mw__lqp *q)
         if (!q->draining && (moved >= TURN_BYTES || !mw__turn_may(q->ctx)))
             return 1;
         evbuffer_drain(q->in, REC_LEN);
-        if (r.type == REC_ACK || r.type == REC_ERR) {
+        if (r.type == REC_ACK || r.type == REC_ERR)
             bad = answered(q, r.arg, r.type == REC_ERR, (enum ibv_wc_status)r.rkey);
-        } else if (q->refusing) {
-            evbuffer_drain(q->in, inl);   /* after a failure: executed never */
-        } else {
+        else if (!may_execute(q))
+            evbuffer_drain(q->in, inl);   /* executed never */
+        else
             bad = execute(q, &r, &moved);
-        }
         if (bad) {
             ended(q, -EPROTO, bad);
             return 0;
@@ -486,6 +589,20 @@ static ssize_t read_some(struct mw__lqp *q, size_t max)
     return n;
 }
 
+/* Everything the peer sent is read: it executes nothing more of ours. */
+static void at_end(struct mw__lqp *q, bool broken, const char *why)
+{
+    q->peer_eof = true;
+    peer_shut(q);
+    if (q->quiescing) {
+        quiesced(q, true);
+        return;
+    }
+    ended(q, -ECONNRESET, why ? why : broken ? "the same-host channel failed"
+                                             : "the peer closed the same-host channel (its "
+                                               "process closed the connection, or ended)");
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -494,16 +611,14 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         flush_out(q);
         return;
     }
+    if (what & EV_CLOSED)         /* before executing what it sent */
+        peer_shut(q);
     ssize_t n = evbuffer_get_length(q->in) > READ_MAX ? 1 : read_some(q, READ_MAX);
     bool broken = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
     take(q);
     flush_out(q);                 /* an answer came: room, perhaps */
-    if ((n == 0 || broken) && q->awaited)
-        ended(q, -ECONNREFUSED, "the peer did not take the same-host channel");
-    else if (n == 0 || broken)
-        ended(q, -ECONNRESET, n == 0 ? "the peer closed the same-host channel (its process "
-                                       "closed the connection, or ended)"
-                                     : "the same-host channel failed");
+    if ((n == 0 || broken) && q->fd >= 0)
+        at_end(q, broken, NULL);
 }
 
 static void on_resume(evutil_socket_t fd, short what, void *arg)
@@ -512,14 +627,36 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
     take(arg);
 }
 
+/* The peer's process exited: what it wrote is read, and taken as far as
+ * it needs no copy from its memory. */
+static void on_peer_exit(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct mw__lqp *q = arg;
+    event_del(q->pev);
+    while (q->fd >= 0 && !q->ended && read_some(q, READ_MAX) > 0)
+        take_records(q);
+    if (q->fd >= 0 && !q->ended)
+        at_end(q, false, "the peer's process ended");
+}
+
+static void on_bound(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    quiesced(arg, false);
+}
+
 /* Read and take everything the socket holds now, and answer it. */
 static void drain_socket(struct mw__lqp *q)
 {
-    while (read_some(q, READ_MAX) > 0)
+    ssize_t n;
+    while ((n = read_some(q, READ_MAX)) > 0)
         take_records(q);
     take_records(q);
     if (!q->ended && (!q->error || q->draining))
         ack(q);
+    if (n == 0)
+        q->peer_eof = true;
 }
 
 void mw__lqp_take_now(struct mw__lqp *q)
@@ -530,16 +667,19 @@ void mw__lqp_take_now(struct mw__lqp *q)
 
 /* --- life cycle and posting ------------------------------------------------ */
 
-int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, struct mw__lqp **qp)
+int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, unsigned bound_ms,
+                struct mw__lqp **qp)
 {
     struct mw__lqp *q = mw__calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
-    *q = (struct mw__lqp){.ctx = ctx, .ops = ops, .arg = arg, .fd = -1,
+    *q = (struct mw__lqp){.ctx = ctx, .ops = ops, .arg = arg, .bound_ms = bound_ms, .fd = -1,
+                          .pidfd = -1, .flush_status = IBV_WC_WR_FLUSH_ERR,
                           .sq = {.size = sizeof(struct swr)}, .rq = {.size = sizeof(struct rwr)},
                           .flush_task = {.fn = flush_all}, .end_task = {.fn = on_end_later}};
     if (!(q->in = evbuffer_new()) || !(q->out = evbuffer_new()) ||
-        !(q->resume_ev = evtimer_new(ctx->base, on_resume, q))) {
+        !(q->resume_ev = evtimer_new(ctx->base, on_resume, q)) ||
+        !(q->bound_ev = evtimer_new(ctx->base, on_bound, q))) {
         mw__lqp_free(q);
         return -ENOMEM;
     }
@@ -547,62 +687,58 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, struct 
     return 0;
 }
 
-int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting, bool answered)
+int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8_t *first)
 {
-    if (q->closing) {             /* failed before its socket came */
-        close(fd);
-        return 0;
-    }
-    struct ucred cr;
-    socklen_t len = sizeof cr;
     int rc = 0;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
-        rc = -errno;
-    else if (cr.pid <= 0)
-        rc = -ESRCH;              /* another pid namespace: no CMA */
-    else if (cr.uid != geteuid())
-        rc = -EPERM;              /* the handshake said same user: not this one */
-    if (rc == 0 && !(q->rev = event_new(q->ctx->base, fd, EV_READ | EV_PERSIST, on_readable, q)))
+    if (q->closing)               /* failed before its socket came */
+        rc = -ECANCELED;
+    else if (!(q->rev = event_new(q->ctx->base, fd, EV_READ | EV_CLOSED | EV_PERSIST,
+                                  on_readable, q)) ||
+             !(q->wev = event_new(q->ctx->base, fd, EV_WRITE | EV_PERSIST, on_readable, q)) ||
+             (pidfd >= 0 && !(q->pev = event_new(q->ctx->base, pidfd, EV_READ, on_peer_exit, q))))
         rc = -ENOMEM;
-    if (rc == 0 && !(q->wev = event_new(q->ctx->base, fd, EV_WRITE | EV_PERSIST, on_readable, q)))
-        rc = -ENOMEM;
-    if (rc == 0)
-        rc = mw__watch_fd(q->ctx, fd);
+    else if ((rc = mw__watch_fd(q->ctx, fd)) == 0 && pidfd >= 0 &&
+             (rc = mw__watch_fd(q->ctx, pidfd)) < 0)
+        mw__unwatch_fd(q->ctx, fd);
     if (rc < 0) {
         close(fd);
+        if (pidfd >= 0)
+            close(pidfd);
         return rc;
     }
     q->fd = fd;
-    q->peer = cr.pid;
-    q->awaited = answered ? greeting : 0;
-    if (greeting) {               /* first: before anything posted */
-        uint8_t b[REC_LEN];
-        rec_encode(&(struct rec){.type = REC_HELLO, .arg = greeting}, b);
-        if (evbuffer_prepend(q->out, b, REC_LEN) < 0)
-            return -ENOMEM;
-    }
+    q->pidfd = pidfd;
+    q->peer = peer;
+    if (first && evbuffer_prepend(q->out, first, REC_LEN) < 0)
+        return -ENOMEM;           /* before anything posted */
     mw__ev_add(q->ctx, q->rev, NULL);
+    if (q->pev)
+        mw__ev_add(q->ctx, q->pev, NULL);
     flush_out(q);
     return 0;
 }
 
-int mw__lqp_read_greeting(int fd, uint8_t buf[32], size_t *got, uint64_t *token)
+void mw__lqp_hello(uint64_t nonce, const void *probe, uint8_t buf[32])
+{
+    rec_encode(&(struct rec){.type = REC_HELLO, .arg = nonce, .addr = (uintptr_t)probe}, buf);
+}
+
+int mw__lqp_read_hello(int fd, uint8_t buf[32], size_t *got, uint64_t *nonce, uint64_t *probe)
 {
     while (*got < REC_LEN) {
         ssize_t n = recv(fd, buf + *got, REC_LEN - *got, MSG_DONTWAIT);
         if (n == 0)
             return -ECONNRESET;
         if (n < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno == EINTR ? 0 : -ECONNRESET;
+            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -ECONNRESET;
         *got += (size_t)n;
     }
-    struct rec r = {.type = buf[0], .arg = mw__get64(buf + 16)};
-    for (int i = 1; i < REC_LEN; i++)
-        if (i < 16 || i >= 24 ? buf[i] != 0 : false)
-            return -EPROTO;
-    if (r.type != REC_HELLO || !r.arg)
+    struct rec r;
+    if (rec_decode(buf, &r) || r.type != REC_HELLO || r.flags || r.len || r.rkey || r.imm ||
+        !r.arg || !r.addr)
         return -EPROTO;
-    *token = r.arg;
+    *nonce = r.arg;
+    *probe = r.addr;
     return 1;
 }
 
@@ -640,7 +776,7 @@ static int post_one(struct mw__lqp *q, const struct ibv_send_wr *wr)
                     .signaled = wr->send_flags & IBV_SEND_SIGNALED};
     if (fifo_push(&q->sq, &s) < 0)
         return ENOMEM;
-    if (q->error || add_rec(q, &r, buf) == 0)
+    if (q->error || q->shut || add_rec(q, &r, buf) == 0)
         return 0;
     q->sq.n--;                    /* not sent: not posted */
     return ENOMEM;
@@ -685,6 +821,13 @@ int mw__lqp_post_recv(struct mw__lqp *q, struct ibv_recv_wr *wr, struct ibv_recv
 
 static void close_fd(struct mw__lqp *q)
 {
+    if (q->pidfd >= 0) {
+        mw__unwatch_fd(q->ctx, q->pidfd);
+        if (q->pev)
+            event_del(q->pev);
+        close(q->pidfd);
+        q->pidfd = -1;
+    }
     if (q->fd < 0)
         return;
     if (q->want_out)
@@ -700,22 +843,61 @@ static void close_fd(struct mw__lqp *q)
 
 /* As a device would have acknowledged what reached it before the queue
  * pair failed, the peer's requests already in the socket are executed and
- * answered before it closes (their completions come with the flushes): a
- * peer that finished its last send to us and left at once must not see it
- * fail. */
+ * answered before our end shuts (their completions come with the flushes):
+ * a peer that finished its last send to us and left at once must not see
+ * it fail.  Then our requests not yet answered wait for the peer's end
+ * (see the top of the file). */
 void mw__lqp_error(struct mw__lqp *q)
 {
     q->error = true;
-    mw__defer(q->ctx, &q->flush_task);
-    if (q->closing)
+    if (q->closing) {
+        mw__defer(q->ctx, &q->flush_task);
         return;
+    }
     q->closing = true;
-    if (q->fd >= 0 && !q->ended) {
+    if (q->fd >= 0 && !q->ended && !q->peer_shut) {
         q->draining = true;
         drain_socket(q);
     }
-    flush_out(q);                 /* our last answers, if the socket takes them */
+    shut_out(q);
+    if (q->fd >= 0 && q->sq.n && !q->peer_eof && !q->peer_refused) {
+        q->quiescing = true;
+        struct timeval tv = {q->bound_ms / 1000, (q->bound_ms % 1000) * 1000};
+        mw__ev_add(q->ctx, q->bound_ev, &tv);
+        if (q->ended)             /* (a protocol error stopped the reading) */
+            quiesced(q, false);
+        return;
+    }
     close_fd(q);
+    mw__defer(q->ctx, &q->flush_task);
+}
+
+bool mw__lqp_quiescing(const struct mw__lqp *q)
+{
+    return q && q->quiescing;
+}
+
+void mw__lqp_settle(struct mw__lqp *q, uint64_t until_ms)
+{
+    while (q->quiescing) {
+        uint64_t now = mw__now_ms();
+        struct pollfd p[2] = {{.fd = q->fd, .events = POLLIN}, {.fd = q->pidfd, .events = POLLIN}};
+        int n = now >= until_ms ? 0 : poll(p, q->pidfd >= 0 ? 2 : 1, (int)(until_ms - now));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            quiesced(q, false);
+            break;
+        }
+        if (p[1].revents) {
+            on_peer_exit(q->pidfd, EV_READ, q);
+        } else {
+            ssize_t got = read_some(q, READ_MAX);
+            take_records(q);
+            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                at_end(q, got < 0, NULL);
+        }
+    }
 }
 
 void mw__lqp_free(struct mw__lqp *q)
@@ -729,8 +911,12 @@ void mw__lqp_free(struct mw__lqp *q)
         event_free(q->rev);
     if (q->wev)
         event_free(q->wev);
+    if (q->pev)
+        event_free(q->pev);
     if (q->resume_ev)
         event_free(q->resume_ev);
+    if (q->bound_ev)
+        event_free(q->bound_ev);
     if (q->in)
         evbuffer_free(q->in);
     if (q->out)
@@ -739,6 +925,11 @@ void mw__lqp_free(struct mw__lqp *q)
     mw__free(q->rq.v);
     mw__free(q->late);
     mw__free(q);
+}
+
+bool mw__lqp_peer_done(const struct mw__lqp *q)
+{
+    return q && q->peer_eof;
 }
 
 pid_t mw__lqp_peer(const struct mw__lqp *q)

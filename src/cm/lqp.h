@@ -19,6 +19,11 @@
  * complete, except one that fails, which completes and moves the queue
  * pair to the error state; there every request still posted, and every
  * later one, completes as a flush, from the loop (never inside a post).
+ * And a flush means what it means on a device: nobody touches the memory
+ * the request names any more.  Here the peer's process executes requests,
+ * from its loop, so a queue pair that fails tells it to stop and flushes
+ * what it posted only once the peer says it stopped (or its process is
+ * gone), within a bound (lqp.c, "The end").
  * Internal (mw__ names).
  */
 #ifndef MW_CM_LQP_H
@@ -47,26 +52,32 @@ struct mw__lqp_ops {
 /* Payloads up to this ride in the record; larger ones move by CMA. */
 #define MW__LQP_INLINE_MAX 4096u
 
+/* The status of a request flushed at the bound without the peer's word that
+ * it executes nothing more (mw__wc_errno: -EBUSY). */
+#define MW__LQP_WC_UNCONFIRMED IBV_WC_RESP_TIMEOUT_ERR
+
 /* mw__lqp_new() - a local queue pair not yet attached to a socket: posts
- * are kept (sends as records to write) until mw__lqp_attach.  0, -ENOMEM. */
-int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, struct mw__lqp **qp);
+ * are kept (sends as records to write) until mw__lqp_attach.  A failure
+ * waits up to @bound_ms for the peer to stop.  0, -ENOMEM. */
+int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, unsigned bound_ms,
+                struct mw__lqp **qp);
 
-/* mw__lqp_attach() - carry @q over connected unix socket @fd (taken: closed
- * by mw__lqp_free, also on failure).  The peer's process is the socket's
- * (SO_PEERCRED), of this user.  A non-zero @greeting goes out first, before
- * anything posted: the connecting side names its connection with it, the
- * accepting side answers with it.  @answered: the peer must answer with
- * @greeting before anything else; its socket ending first ends the channel
- * -ECONNREFUSED (the peer did not take it).
- * 0, or -ESRCH (the peer's process is not visible here), -EPERM (another
- * user's), -errno. */
-int mw__lqp_attach(struct mw__lqp *q, int fd, uint64_t greeting, bool answered);
+/* mw__lqp_attach() - carry @q over connected unix socket @fd to process
+ * @peer, whose pidfd is @pidfd (-1: none); both are taken (closed by
+ * mw__lqp_free, also on failure).  The caller checked that the peer is of
+ * this user and allows cross-memory attach (local.c).  @first, if not
+ * NULL, is a 32-byte record written before anything posted.  0, or
+ * -ECANCELED (the queue pair failed before), -ENOMEM. */
+int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8_t *first);
 
-/* mw__lqp_read_greeting() - a greeting at the start of @fd, read without
- * taking anything after it: 1 with *@token, 0 while incomplete (call again
- * when readable; *@got keeps the bytes so far, start at 0), -EPROTO or
- * -ECONNRESET. */
-int mw__lqp_read_greeting(int fd, uint8_t buf[32], size_t *got, uint64_t *token);
+/* The rendezvous's records (local.c): mw__lqp_hello() encodes a HELLO
+ * naming @nonce, and @probe, where the sender keeps the nonce for the peer
+ * to read by cross-memory attach.  mw__lqp_read_hello() reads one at the
+ * start of @fd without taking anything after it: 1 with *@nonce and
+ * *@probe, 0 while incomplete (call again when readable; *@got keeps the
+ * bytes so far, start at 0), -EPROTO or -ECONNRESET. */
+void mw__lqp_hello(uint64_t nonce, const void *probe, uint8_t buf[32]);
+int mw__lqp_read_hello(int fd, uint8_t buf[32], size_t *got, uint64_t *nonce, uint64_t *probe);
 
 /* Post like ibv_post_send/ibv_post_recv: SEND, RDMA_WRITE, RDMA_WRITE_WITH_IMM,
  * RDMA_READ with at most one scatter/gather entry.  0, or a positive errno
@@ -79,13 +90,27 @@ int mw__lqp_post_recv(struct mw__lqp *q, struct ibv_recv_wr *wr, struct ibv_recv
  * and answers), before deciding the peer is gone. */
 void mw__lqp_take_now(struct mw__lqp *q);
 
-/* mw__lqp_error() - to the error state: what was written goes out if the
- * socket takes it, then the socket closes (the peer sees its end), and
- * every request posted completes as a flush, from the loop. */
+/* mw__lqp_error() - to the error state: the peer's requests already here
+ * are executed, what was written goes out if the socket takes it, our end
+ * shuts (the peer executes nothing more of ours once it sees that), and
+ * every request posted completes as a flush, from the loop -- those the
+ * peer has not answered once it has said it stopped (its end), or its
+ * process exited, or as MW__LQP_WC_UNCONFIRMED after the bound. */
 void mw__lqp_error(struct mw__lqp *q);
+
+/* mw__lqp_quiescing() - whether @q failed and waits for the peer's word.
+ * mw__lqp_settle() - wait for it, blocking, until @until_ms (mw__now_ms);
+ * then the flushes are due (from the loop).  For a context's teardown,
+ * which cannot leave memory in a live peer's reach. */
+bool mw__lqp_quiescing(const struct mw__lqp *q);
+void mw__lqp_settle(struct mw__lqp *q, uint64_t until_ms);
 
 /* mw__lqp_free() - nothing posted completes any more. */
 void mw__lqp_free(struct mw__lqp *q);
+
+/* mw__lqp_peer_done() - whether everything the peer will ever send was
+ * read (its end, or its process's exit): no answer is still to come. */
+bool mw__lqp_peer_done(const struct mw__lqp *q);
 
 /* mw__lqp_peer() - the peer's process id, 0 before attach. */
 pid_t mw__lqp_peer(const struct mw__lqp *q);

@@ -42,7 +42,12 @@ static void complete(struct mw__conn *c, struct mw__xfer *x)
     if (!x->f)
         return;
     bool send = x->kind == MW__XFER_SEND;
-    if (x->err) {
+    if (x->err == -EBUSY) {
+        mw_future_fail(x->f, x->err, "%s: %s; the peer's process did not say within %u ms that "
+                       "it stopped executing requests (it runs outside its loop): it may still "
+                       "finish the copy it had begun", c->stats.remote,
+                       c->err ? c->why : "failed", c->opts.timeout_ms);
+    } else if (x->err) {
         mw_future_fail(x->f, x->err, "%s: %s", c->stats.remote, c->err ? c->why :
                        send ? "send failed" : "RDMA operation failed");
     } else {
@@ -69,7 +74,9 @@ static void xfer_free(struct mw__conn *c, struct mw__xfer *x)
 void mw__xfer_completed(struct mw__conn *c, struct mw__xfer *x, unsigned n, int err)
 {
     x->out -= n;
-    if (err && !x->err)
+    /* -EBUSY (the same-host peer never said it stopped) outranks the
+     * connection's error: the caller must know its memory may be lent */
+    if (err && (!x->err || err == -EBUSY))
         x->err = err;
     /* A failed operation may still have something to post (a cancelled
      * send its DISCARD): it goes when it is all posted, failed or not. */
@@ -96,6 +103,7 @@ static void note_credit_wait(struct mw__conn *c, bool waiting)
         c->stats.credit_waits++;
         uint64_t now = mw__now_ms();
         c->credit_wait_since = now ? now : 1;     /* 0 means "not waiting" */
+        mw__keepalive_arm(c);                     /* its deadline */
     }
 }
 

@@ -390,7 +390,8 @@ static void on_slice_done(mw_future_t *f, void *arg)
         r->st.bytes += s->bytes;
         r->st.slices++;
         t->left--;
-    } else if (!t->stopping && err == -EFAULT) {
+    } else if (!t->stopping && (err == -EFAULT || err == -EBUSY)) {
+        /* (-EBUSY: the slice may still land late; never post it again) */
         stop(t, err, mw_future_message(f));
     } else if (!t->stopping) {
         if (s->rail_gen == r->gen)

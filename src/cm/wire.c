@@ -23,8 +23,7 @@ static int refuse(const char **why, const char *reason)
 
 int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
 {
-    bool answer = h->flags & MW__HELLO_LOCAL && h->token;
-    if (cap < (answer ? MW__HELLO_ANSWER_LEN : MW__HELLO_LEN))
+    if (cap < MW__HELLO_LEN)
         return -ENOSPC;
     mw__put32(buf + 0, h->magic);
     buf[4] = h->version;
@@ -32,17 +31,13 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap)
     mw__put16(buf + 6, h->flags);
     mw__put32(buf + 8, h->credits);
     mw__put32(buf + 12, h->slot_size);
-    mw__put64(buf + 16, h->cookie);
+    mw__put64(buf + 16, h->nonce);
     mw__put32(buf + 24, h->group);
     mw__put32(buf + 28, h->rank);
     mw__put32(buf + 32, h->nranks);
     mw__put64(buf + 36, h->max_msg);
     mw__put64(buf + 44, h->host);
-    if (!answer)
-        return MW__HELLO_LEN;
-    mw__put64(buf + 52, h->nonce);
-    mw__put64(buf + 60, h->token);
-    return MW__HELLO_ANSWER_LEN;
+    return MW__HELLO_LEN;
 }
 
 static void hello_read(const uint8_t *p, struct mw__hello *h)
@@ -53,13 +48,12 @@ static void hello_read(const uint8_t *p, struct mw__hello *h)
     h->flags = mw__get16(p + 6);
     h->credits = mw__get32(p + 8);
     h->slot_size = mw__get32(p + 12);
-    h->cookie = mw__get64(p + 16);
+    h->nonce = mw__get64(p + 16);
     h->group = mw__get32(p + 24);
     h->rank = mw__get32(p + 28);
     h->nranks = mw__get32(p + 32);
     h->max_msg = mw__get64(p + 36);
     h->host = mw__get64(p + 44);
-    h->nonce = h->token = 0;
 }
 
 /* Who the peer wants to be: a lone connection or a member of a group. */
@@ -101,6 +95,8 @@ static const char *hello_check(const struct mw__hello *h)
         return "max message size out of range";
     if (h->flags & MW__HELLO_LOCAL && !h->host)
         return "same-host offer without a host";
+    if (!(h->flags & MW__HELLO_LOCAL) && (h->host || h->nonce))
+        return "same-host fields without LOCAL";
     return purpose_check(h);
 }
 
@@ -119,13 +115,7 @@ int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const c
     const char *bad = hello_check(out);
     if (bad)
         return refuse(why, bad);
-    size_t end = MW__HELLO_LEN;
-    if (out->flags & MW__HELLO_LOCAL && len >= MW__HELLO_ANSWER_LEN) {
-        out->nonce = mw__get64(p + 52);
-        out->token = mw__get64(p + 60);
-        end = MW__HELLO_ANSWER_LEN;
-    }
-    if (!all_zero(p + end, len - end))
+    if (!all_zero(p + MW__HELLO_LEN, len - MW__HELLO_LEN))
         return refuse(why, "non-zero bytes after handshake");
     return 0;
 }

@@ -52,7 +52,7 @@ static inline uint64_t mw__get64(const uint8_t *p)
  * Handshake (rdma_cm private data; RC over IB/RoCE allows 56 bytes)
  *
  *   off size field          off size field
- *     0   4  magic "MWIR"     16   8  cookie
+ *     0   4  magic "MWIR"     16   8  nonce
  *     4   1  version          24   4  group
  *     5   1  purpose          28   4  rank
  *     6   2  flags            32   4  nranks
@@ -61,16 +61,15 @@ static inline uint64_t mw__get64(const uint8_t *p)
  *                             52      end
  *
  * With flag LOCAL, host is the sender's host identity (local.c): the
- * connecting side offers the same-host path, the accepting side takes it.
- * The accepting side's answer then goes on (rdma_accept allows 196 bytes):
- *
- *    52   8  nonce (names its unix socket)   60   8  token   68  end
+ * connecting side offers the same-host path, naming in nonce the socket it
+ * listens on; the accepting side's answer says it took the channel (its
+ * nonce is 0).  Without LOCAL, nonce and host are 0.
  * ------------------------------------------------------------------------ */
 
 #define MW__HELLO_MAGIC 0x4d574952u /* "MWIR" */
-#define MW__HELLO_VERSION 4   /* 2: DISCARD fragments; 3: max_msg; 4: host */
+#define MW__HELLO_VERSION 5   /* 2: DISCARD fragments; 3: max_msg; 4: host;
+                                 5: the rendezvous before the accept */
 #define MW__HELLO_LEN 52
-#define MW__HELLO_ANSWER_LEN 68  /* with the same-host answer */
 #define MW__PRIVATE_DATA_MAX 56 /* rdma_connect on RC */
 #define MW__HELLO_LOCAL 1u    /* flags: the same-host path */
 
@@ -86,26 +85,24 @@ struct mw__hello {
     uint32_t magic;     /* MW__HELLO_MAGIC */
     uint8_t version;    /* MW__HELLO_VERSION */
     uint8_t purpose;    /* MW__PURPOSE_* */
-    uint16_t flags;     /* capability bits; none defined in version 1.
-                           Unknown bits are kept, not refused: a peer may
-                           advertise features this side does not know, and
-                           each side uses only what both announce. */
+    uint16_t flags;     /* capability bits (MW__HELLO_LOCAL).  Unknown bits
+                           are kept, not refused: a peer may advertise
+                           features this side does not know, and each side
+                           uses only what both announce. */
     uint32_t credits;   /* receive slots the sender has posted */
     uint32_t slot_size; /* bytes per receive slot */
-    uint64_t cookie;    /* opaque to the wire layer */
+    uint64_t nonce;     /* LOCAL, connecting: its rendezvous socket */
     uint32_t group;     /* COMM only: communicator id */
     uint32_t rank;      /* COMM only: rank < nranks */
     uint32_t nranks;    /* COMM only: >= 1.  P2P: group, rank, nranks are 0 */
     uint64_t max_msg;   /* the largest message the sender accepts, 1..MW__MSG_MAX */
     uint64_t host;      /* LOCAL: the sender's host identity, non-zero */
-    uint64_t nonce, token;  /* LOCAL, answering: its socket and this connection */
 };
 
 /**
  * mw__hello_encode() - write @h into @buf.  Does not validate @h (the peer's
  * decoder is the one judge; tests use this to build bad handshakes).
- * Return: MW__HELLO_LEN, MW__HELLO_ANSWER_LEN when @h is a same-host answer
- * (LOCAL with a token), or -ENOSPC when @cap is smaller.
+ * Return: MW__HELLO_LEN, or -ENOSPC when @cap is smaller.
  */
 int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap);
 
@@ -121,10 +118,8 @@ int mw__hello_encode(const struct mw__hello *h, uint8_t *buf, size_t cap);
  *        "bad purpose", "credits out of range", "slot size out of range",
  *        "max message size out of range",
  *        "rank out of range", "group or rank set for p2p",
- *        "same-host offer without a host",
+ *        "same-host offer without a host", "same-host fields without LOCAL",
  *        "non-zero bytes after handshake"), to NULL on success.
- *        A LOCAL hello of MW__HELLO_ANSWER_LEN bytes or more carries the
- *        answer (nonce, token); else they are 0.
  * Return: 0, or -EPROTO.
  */
 int mw__hello_decode(const void *buf, size_t len, struct mw__hello *out, const char **why);

@@ -245,6 +245,9 @@ int mw__wc_errno(enum ibv_wc_status status)
     case IBV_WC_REM_INV_REQ_ERR: return -EINVAL;
     case IBV_WC_REM_OP_ERR:
     case IBV_WC_REM_ABORT_ERR: return -EREMOTEIO;
+    /* no device reports it on RC: the same-host path's "flushed before the
+     * peer confirmed it stopped" (cm/lqp.h) */
+    case IBV_WC_RESP_TIMEOUT_ERR: return -EBUSY;
     default: return -EIO;
     }
 }

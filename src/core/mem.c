@@ -280,6 +280,12 @@ uint64_t mw__mem_epoch(mw_ctx_t *ctx)
     return m->arena_ix.removed + m->user_ix.removed;
 }
 
+void mw__mem_sync(mw_ctx_t *ctx)
+{
+    if (ctx->mem)
+        mw__regcache_sync(ctx->mem);
+}
+
 int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
                      uint32_t *lkey, uint32_t *rkey)
 {

@@ -108,6 +108,11 @@ int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_
  * for as long as it lasts.  Prepared transfer lists look their keys up
  * once and again only when this moved. */
 uint64_t mw__mem_epoch(mw_ctx_t *ctx);
+/* mw__mem_sync() - take what userfaultfd reported of memory unmapped or
+ * moved since the last look: its regions and the exports over them are
+ * withdrawn now (a peer's key for the old pages reaches nothing at that
+ * address on the same-host path, as the device's would reach nothing new). */
+void mw__mem_sync(mw_ctx_t *ctx);
 
 /* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
  * registered with @dev, and that registration's keys (@lkey, @rkey may be

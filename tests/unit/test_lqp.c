@@ -1,9 +1,13 @@
 /* The local queue pair (cm/lqp.c) without RDMA: two of them over a
  * socketpair in one process (cross-memory attach to oneself is allowed),
- * checked as RC would be: messages inline and by CMA, writes with
- * immediate, reads, order, unsignalled requests, a refused access failing
- * its request and flushing the rest, flushes from the loop only; and a
- * hostile peer writing raw records, a peer that closes, the greeting. */
+ * each end on a context of its own, checked as RC would be: messages
+ * inline and by CMA, writes with immediate, reads, order, unsignalled
+ * requests, a refused access failing its request and flushing the rest,
+ * flushes from the loop only; a hostile peer writing raw records, a peer
+ * that closes; and the end: a side that fails flushes what it posted only
+ * once the peer stopped (an end "outside its loop" is one whose context is
+ * not run), or past the bound as unconfirmed, and the peer, when its loop
+ * runs again, touches none of that memory. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -26,6 +32,8 @@
 #define MAXWC 64
 
 struct end {
+    mw_ctx_t *ctx;
+    bool frozen;                  /* outside its loop: its context does not run */
     struct mw__lqp *q;
     struct ibv_wc wc[MAXWC];
     int nwc;
@@ -36,9 +44,10 @@ struct end {
 };
 
 struct fx {
-    mw_ctx_t *ctx;
     struct end a, b;
 };
+
+#define BOUND_MS 300              /* how long a failing end waits for the other */
 
 static void on_done(struct mw__op *op, const struct ibv_wc *wc)
 {
@@ -65,54 +74,91 @@ static void on_ended(void *arg, int err, const char *why)
 
 static const struct mw__lqp_ops ops = {access_ok, on_ended};
 
+/* Ends @a and @b joined by a socketpair, each on its own context. */
+static void join(struct end *a, struct end *b)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    struct end *e[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        if (!e[i])
+            continue;
+        assert_int_equal(mw_ctx_new(&e[i]->ctx, NULL, NULL), 0);
+        assert_int_equal(mw__lqp_new(e[i]->ctx, &ops, e[i], BOUND_MS, &e[i]->q), 0);
+        int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+        assert_true(pidfd >= 0);
+        assert_int_equal(mw__lqp_attach(e[i]->q, sv[i], getpid(), pidfd, NULL), 0);
+        assert_int_equal(mw__lqp_peer(e[i]->q), getpid());
+    }
+}
+
 static int setup(void **state)
 {
     struct fx *f = calloc(1, sizeof *f);
-    assert_int_equal(mw_ctx_new(&f->ctx, NULL, NULL), 0);
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-    assert_int_equal(mw__lqp_new(f->ctx, &ops, &f->a, &f->a.q), 0);
-    assert_int_equal(mw__lqp_new(f->ctx, &ops, &f->b, &f->b.q), 0);
-    assert_int_equal(mw__lqp_attach(f->a.q, sv[0], 0, false), 0);
-    assert_int_equal(mw__lqp_attach(f->b.q, sv[1], 0, false), 0);
-    assert_int_equal(mw__lqp_peer(f->a.q), getpid());
+    join(&f->a, &f->b);
     f->b.memlen = 1 << 20;
     f->b.mem = calloc(1, f->b.memlen);
     *state = f;
     return 0;
 }
 
+static void end_free(struct end *e)
+{
+    mw__lqp_free(e->q);
+    mw_ctx_free(e->ctx);
+}
+
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    mw__lqp_free(f->a.q);
-    mw__lqp_free(f->b.q);
-    mw_ctx_free(f->ctx);
+    end_free(&f->a);
+    end_free(&f->b);
     free(f->b.mem);
     free(f);
     return 0;
 }
 
-/* Turn the loop until @e has @n completions (or 2 s). */
+/* One turn of each end's loop, but a frozen one's. */
+static void turn(struct fx *f)
+{
+    if (!f->a.frozen)
+        event_base_loop(f->a.ctx->base, EVLOOP_NONBLOCK);
+    if (!f->b.frozen)
+        event_base_loop(f->b.ctx->base, EVLOOP_NONBLOCK);
+}
+
+static double elapsed_ms(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* Turn the loops until @e has @n completions (or @ms). */
+static void run_until_ms(struct fx *f, const struct end *e, int n, double ms)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        turn(f);
+    while (e->nwc < n && !e->ended_err && elapsed_ms(&t0) < ms);
+}
+
 static void run_until(struct fx *f, const struct end *e, int n)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-        event_base_loop(f->ctx->base, EVLOOP_NONBLOCK);
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while (e->nwc < n && !e->ended_err && t.tv_sec - t0.tv_sec < 2);
+    run_until_ms(f, e, n, 2000);
 }
 
 static void spin(struct fx *f, int turns)
 {
     for (int i = 0; i < turns; i++)
-        event_base_loop(f->ctx->base, EVLOOP_NONBLOCK);
+        turn(f);
 }
 
 static uint64_t wr_id(struct fx *f, struct end *e)
 {
-    return mw__op_get(f->ctx, on_done, NULL, e)->wr_id;
+    (void)f;
+    return mw__op_get(e->ctx, on_done, NULL, e)->wr_id;
 }
 
 static void post_recv(struct fx *f, struct end *e, void *buf, uint32_t len)
@@ -218,8 +264,9 @@ static void refused_access_fails_it_and_flushes_the_rest(void **state)
 }
 
 /* mw__lqp_error flushes every receive and request posted, from the loop,
- * and the peer sees the channel end (-ECONNRESET) after taking what came
- * before it. */
+ * once the peer stopped; the peer sees the channel end (-ECONNRESET) at
+ * its first wake-up and executes nothing that came before it either: the
+ * message a's flush says failed is never delivered. */
 static void error_flushes_and_the_peer_sees_the_end(void **state)
 {
     struct fx *f = *state;
@@ -235,8 +282,7 @@ static void error_flushes_and_the_peer_sees_the_end(void **state)
     assert_int_equal(f->a.nwc, 2);
     for (int i = 0; i < 2; i++)
         assert_int_equal(f->a.wc[i].status, IBV_WC_WR_FLUSH_ERR);
-    assert_int_equal(f->b.nwc, 1);                /* delivered before the end */
-    assert_memory_equal(rb, msg, sizeof msg);
+    assert_int_equal(f->b.nwc, 0);                /* a said it failed: not delivered */
     assert_int_equal(f->b.ended_err, -ECONNRESET);
     assert_int_equal(f->a.ended_err, 0);          /* its own error is no news to it */
 }
@@ -280,17 +326,17 @@ static void hostile_records_end_the_channel(void **state)
         {"an answer for requests never made", {4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                                0, 0, 0, 0, 0, 0, 0, 5}},
         {"a failure without a failure status", {5}},
-        {"a second greeting", {6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                               0, 1}},
+        {"a greeting inside the channel", {6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 1}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        mw_ctx_t *ctx;
-        assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-        struct fx f = {.ctx = ctx};
+        struct fx f = {0};
         int sv[2];
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-        assert_int_equal(mw__lqp_new(ctx, &ops, &f.b, &f.b.q), 0);
-        assert_int_equal(mw__lqp_attach(f.b.q, sv[1], 0, false), 0);
+        assert_int_equal(mw_ctx_new(&f.b.ctx, NULL, NULL), 0);
+        assert_int_equal(mw__lqp_new(f.b.ctx, &ops, &f.b, BOUND_MS, &f.b.q), 0);
+        assert_int_equal(mw__lqp_attach(f.b.q, sv[1], getpid(), -1, NULL), 0);
+        f.a.frozen = true;        /* no end there: raw bytes */
         static uint8_t msg[8];
         post(&f, &f.b, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* one request out */
         assert_int_equal(write(sv[0], cases[k].rec, 32), 32);
@@ -298,69 +344,230 @@ static void hostile_records_end_the_channel(void **state)
         printf("%s: %s\n", cases[k].what, f.b.ended_why);
         assert_int_equal(f.b.ended_err, -EPROTO);
         assert_string_equal(f.b.ended_why, cases[k].what);
-        mw__lqp_free(f.b.q);
+        end_free(&f.b);
         close(sv[0]);
-        mw_ctx_free(ctx);
     }
 }
 
-/* The connecting side's greeting goes first, before what it posted, and
- * is read without taking what follows; anything else is refused. */
-static void greeting_goes_first(void **state)
+/* The rendezvous's HELLO (local.c): nonce and probe address, read whole
+ * without taking what follows; anything else is refused. */
+static void hello_records(void **state)
 {
     (void)state;
-    mw_ctx_t *ctx;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    struct fx f = {.ctx = ctx};
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-    assert_int_equal(mw__lqp_new(ctx, &ops, &f.a, &f.a.q), 0);
-    static uint8_t msg[8] = "12345678";
-    post(&f, &f.a, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* before the socket */
-    assert_int_equal(mw__lqp_attach(f.a.q, sv[0], 0x1234abcdull, true), 0);
-    uint8_t buf[32];
+    uint8_t h[32], buf[32];
+    static uint64_t word;
+    mw__lqp_hello(0x1234abcdull, &word, h);
     size_t got = 0;
-    uint64_t token = 0;
-    assert_int_equal(mw__lqp_read_greeting(sv[1], buf, &got, &token), 1);
-    assert_int_equal(token, 0x1234abcdull);
-    uint8_t rec[32 + 8];
-    assert_int_equal(read(sv[1], rec, sizeof rec), sizeof rec);   /* then the message */
-    assert_int_equal(rec[0], 1);
-    assert_memory_equal(rec + 32, msg, 8);
-    /* a peer that sends something else first */
-    assert_int_equal(write(sv[0], rec, 32), 32);
+    uint64_t nonce = 0, probe = 0;
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), 0);   /* nothing yet */
+    assert_int_equal(write(sv[0], h, 7), 7);
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), 0);   /* a part */
+    assert_int_equal(write(sv[0], h + 7, 25), 25);
+    assert_int_equal(write(sv[0], "after", 5), 5);
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), 1);
+    assert_int_equal(nonce, 0x1234abcdull);
+    assert_int_equal(probe, (uintptr_t)&word);
+    char rest[8];
+    assert_int_equal(read(sv[1], rest, sizeof rest), 5);   /* left where it was */
+    uint8_t bad[32] = {1};        /* a request, not a greeting */
+    assert_int_equal(write(sv[0], bad, 32), 32);
     got = 0;
-    assert_int_equal(mw__lqp_read_greeting(sv[1], buf, &got, &token), -EPROTO);
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), -EPROTO);
+    mw__lqp_hello(0, &word, h);   /* no nonce */
+    assert_int_equal(write(sv[0], h, 32), 32);
     got = 0;
-    assert_int_equal(mw__lqp_read_greeting(sv[1], buf, &got, &token), 0);   /* nothing yet */
-    mw__lqp_free(f.a.q);
-    assert_int_equal(mw__lqp_read_greeting(sv[1], buf, &got, &token), -ECONNRESET);
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), -EPROTO);
+    close(sv[0]);
+    got = 0;
+    assert_int_equal(mw__lqp_read_hello(sv[1], buf, &got, &nonce, &probe), -ECONNRESET);
     close(sv[1]);
-    /* the connecting side waits for the answer: a wrong one breaks the
-     * protocol, an end before it is a refusal, the right one is taken */
-    const struct { uint64_t answer; bool close; int err; } ways[] = {
-        {0x99, false, -EPROTO}, {0, true, -ECONNREFUSED}, {0x1234abcdull, false, 0}};
-    for (int k = 0; k < 3; k++) {
-        struct fx g = {.ctx = ctx};
-        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-        assert_int_equal(mw__lqp_new(ctx, &ops, &g.a, &g.a.q), 0);
-        assert_int_equal(mw__lqp_attach(g.a.q, sv[0], 0x1234abcdull, true), 0);
-        uint8_t ans[32] = {6};
-        for (int i = 0; i < 8; i++)
-            ans[16 + i] = (uint8_t)(ways[k].answer >> (56 - 8 * i));
-        if (ways[k].close)
-            close(sv[1]);
-        else
-            assert_int_equal(write(sv[1], ans, 32), 32);
-        spin(&g, 20);
-        printf("answer %#llx%s: %s\n", (unsigned long long)ways[k].answer,
-               ways[k].close ? " (closed instead)" : "", g.a.ended_err ? g.a.ended_why : "taken");
-        assert_int_equal(g.a.ended_err, ways[k].err);
-        mw__lqp_free(g.a.q);
-        if (!ways[k].close)
-            close(sv[1]);
+}
+
+/* The impatient caller and the busy peer: a posts a read by CMA into its
+ * buffer and a message, b is outside its loop, a fails.  Nothing of a's
+ * completes while b sleeps (the flush would hand the buffer back while b
+ * could still write it); when b runs it sees a's end first, executes
+ * neither, and says so by its own end: a's requests flush then, and its
+ * buffer has its own bytes. */
+static void a_failure_waits_for_the_peer_to_stop(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[65536], msg[16], slot[64];
+    memset(dst, 0xaa, sizeof dst);
+    memset(f->b.mem, 0x55, f->b.memlen);
+    post_recv(f, &f->b, slot, sizeof slot);
+    f->b.frozen = true;
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, sizeof dst, (uintptr_t)f->b.mem, 7, true);
+    post(f, &f->a, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);
+    spin(f, 5);
+    mw__lqp_error(f->a.q);
+    assert_true(mw__lqp_quiescing(f->a.q));
+    run_until_ms(f, &f->a, 1, BOUND_MS / 2);
+    assert_int_equal(f->a.nwc, 0);            /* b may still copy: not yet */
+    f->b.frozen = false;
+    run_until(f, &f->a, 2);
+    assert_int_equal(f->a.nwc, 2);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_WR_FLUSH_ERR);   /* confirmed: plain flushes */
+    assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    spin(f, 20);
+    assert_int_equal(f->b.nwc, 0);            /* the message never delivered */
+    for (size_t i = 0; i < sizeof dst; i++)
+        assert_int_equal(dst[i], 0xaa);
+    assert_int_equal(f->b.ended_err, -ECONNRESET);
+}
+
+/* Past the bound, a's requests complete UNCONFIRMED (-EBUSY above); a
+ * reuses its buffers at once; b, when its loop runs again, copies nothing
+ * into them or out of them (it checks for a's end before every copy). */
+static void past_the_bound_unconfirmed_and_untouched_after(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[65536], src[65536];
+    memset(f->b.mem, 0x55, f->b.memlen);
+    f->b.frozen = true;
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, sizeof dst, (uintptr_t)f->b.mem, 7, true);
+    post(f, &f->a, IBV_WR_RDMA_WRITE, src, sizeof src, (uintptr_t)f->b.mem, 7, true);
+    spin(f, 5);
+    mw__lqp_error(f->a.q);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_until_ms(f, &f->a, 2, 4 * BOUND_MS);
+    double took = elapsed_ms(&t0);
+    printf("unconfirmed after %.0f ms (bound %d ms)\n", took, BOUND_MS);
+    assert_int_equal(f->a.nwc, 2);
+    assert_true(took >= BOUND_MS * 0.9);
+    assert_int_equal(f->a.wc[0].status, MW__LQP_WC_UNCONFIRMED);
+    assert_int_equal(f->a.wc[1].status, MW__LQP_WC_UNCONFIRMED);
+    memset(dst, 0xdd, sizeof dst);            /* the caller reuses both */
+    memset(src, 0xee, sizeof src);
+    f->b.frozen = false;
+    spin(f, 50);
+    for (size_t i = 0; i < sizeof dst; i++)
+        assert_int_equal(dst[i], 0xdd);
+    for (size_t i = 0; i < f->b.memlen; i++)
+        assert_int_equal(f->b.mem[i], 0x55);
+    assert_int_equal(f->b.ended_err, -ECONNRESET);
+}
+
+/* The check right before each copy: b took a's first request in one turn
+ * (8 MiB written, the turn's budget), the next one, a read, waiting in its
+ * buffer; a fails; b goes on with its pass (as a process stopped in the
+ * middle of one and continued would: no wake-up reports the end).  The
+ * read is not executed; the write, answered, succeeded. */
+static void an_end_between_two_copies_stops_the_second(void **state)
+{
+    struct fx *f = *state;
+    free(f->b.mem);
+    f->b.memlen = 8u << 20;
+    f->b.mem = calloc(1, f->b.memlen);
+    uint8_t *src = malloc(f->b.memlen), *dst = malloc(65536);
+    memset(src, 0x33, f->b.memlen);
+    memset(dst, 0xaa, 65536);
+    post(f, &f->a, IBV_WR_RDMA_WRITE, src, (uint32_t)f->b.memlen, (uintptr_t)f->b.mem, 7, true);
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, 65536, (uintptr_t)f->b.mem, 7, true);
+    f->a.frozen = true;
+    for (int i = 0; i < 50 && f->b.mem[f->b.memlen - 1] != 0x33; i++)
+        event_base_loop(f->b.ctx->base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
+    assert_int_equal(f->b.mem[f->b.memlen - 1], 0x33);   /* the write, executed */
+    f->a.frozen = false;
+    event_base_loop(f->a.ctx->base, EVLOOP_NONBLOCK);    /* its answer, taken */
+    mw__lqp_error(f->a.q);
+    mw__lqp_take_now(f->b.q);                            /* the pass goes on */
+    run_until(f, &f->a, 2);
+    assert_int_equal(f->a.nwc, 2);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    for (size_t i = 0; i < 65536; i++)
+        assert_int_equal(dst[i], 0xaa);
+    free(src);
+    free(dst);
+}
+
+/* A failure with nothing of ours unanswered waits for nobody: the
+ * receives flush at once (from the loop), though the peer sleeps. */
+static void nothing_unanswered_nothing_to_wait_for(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t ra[64];
+    post_recv(f, &f->a, ra, sizeof ra);
+    f->b.frozen = true;
+    mw__lqp_error(f->a.q);
+    assert_false(mw__lqp_quiescing(f->a.q));
+    assert_int_equal(f->a.nwc, 0);
+    spin(f, 2);
+    assert_int_equal(f->a.nwc, 1);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_WR_FLUSH_ERR);
+}
+
+/* A context's teardown cannot leave memory in a live peer's reach: the
+ * settle waits for the peer's end (here, b running on another thread would
+ * be needed to answer; b is silent, so it waits the bound and no longer). */
+static void settle_waits_the_bound_and_no_longer(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[8192];
+    f->b.frozen = true;
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, sizeof dst, (uintptr_t)f->b.mem, 7, true);
+    spin(f, 2);
+    mw__lqp_error(f->a.q);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    mw__lqp_settle(f->a.q, mw__now_ms() + BOUND_MS);
+    double took = elapsed_ms(&t0);
+    assert_false(mw__lqp_quiescing(f->a.q));
+    assert_true(took >= BOUND_MS * 0.9 && took < BOUND_MS * 3);
+    run_until(f, &f->a, 1);
+    assert_int_equal(f->a.wc[0].status, MW__LQP_WC_UNCONFIRMED);
+}
+
+/* A peer's process that exits while something still holds its end of the
+ * socket (a child it forked, say: no end-of-file comes) is noticed by its
+ * pidfd; the request it left, a write by copy from its memory, is never
+ * executed -- its pid may already name another process: here it does (the
+ * queue pair is told our own pid, where the same address holds the same
+ * bytes), and only the pidfd tells the two apart. */
+static void a_dead_peer_is_noticed_by_its_pidfd(void **state)
+{
+    (void)state;
+    struct fx f = {0};
+    f.b.memlen = 1 << 20;
+    f.b.mem = calloc(1, f.b.memlen);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    static uint8_t src[65536];
+    memset(src, 0x77, sizeof src);
+    pid_t child = fork();
+    if (child == 0) {             /* the peer: one write by copy, then gone */
+        uint8_t rec[32] = {2};    /* WRITE, not inline, rkey 7 */
+        uint64_t addr = (uintptr_t)src, to = (uintptr_t)f.b.mem;
+        rec[6] = 1;               /* len 65536 */
+        for (int i = 0; i < 8; i++) {
+            rec[8 + i] = (uint8_t)(addr >> (56 - 8 * i));
+            rec[16 + i] = (uint8_t)(to >> (56 - 8 * i));
+        }
+        rec[27] = 7;
+        _exit(write(sv[0], rec, 32) == 32 ? 0 : 1);
     }
-    mw_ctx_free(ctx);
+    int pidfd = (int)syscall(SYS_pidfd_open, child, 0);   /* before it is reaped */
+    assert_true(pidfd >= 0);
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(mw_ctx_new(&f.b.ctx, NULL, NULL), 0);
+    assert_int_equal(mw__lqp_new(f.b.ctx, &ops, &f.b, BOUND_MS, &f.b.q), 0);
+    assert_int_equal(mw__lqp_attach(f.b.q, sv[1], getpid() /* reused */, pidfd, NULL), 0);
+    f.a.frozen = true;            /* sv[0] stays open here: no end-of-file */
+    run_until(&f, &f.b, 1);
+    printf("a dead peer: %s\n", f.b.ended_why);
+    assert_int_equal(f.b.ended_err, -ECONNRESET);
+    assert_string_equal(f.b.ended_why, "the peer's process ended");
+    for (size_t i = 0; i < f.b.memlen; i++)
+        assert_int_equal(f.b.mem[i], 0);
+    end_free(&f.b);
+    close(sv[0]);
+    free(f.b.mem);
 }
 
 int main(void)
@@ -373,7 +580,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(error_flushes_and_the_peer_sees_the_end, setup, teardown),
         cmocka_unit_test_setup_teardown(closing_takes_what_already_came, setup, teardown),
         cmocka_unit_test(hostile_records_end_the_channel),
-        cmocka_unit_test(greeting_goes_first),
+        cmocka_unit_test(hello_records),
+        cmocka_unit_test_setup_teardown(a_failure_waits_for_the_peer_to_stop, setup, teardown),
+        cmocka_unit_test_setup_teardown(past_the_bound_unconfirmed_and_untouched_after, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(an_end_between_two_copies_stops_the_second, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(nothing_unanswered_nothing_to_wait_for, setup, teardown),
+        cmocka_unit_test_setup_teardown(settle_waits_the_bound_and_no_longer, setup, teardown),
+        cmocka_unit_test(a_dead_peer_is_noticed_by_its_pidfd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,9 +37,10 @@ static struct mw__hello good_hello(void)
 {
     struct mw__hello h = {
         .magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
-        .purpose = MW__PURPOSE_COMM, .flags = 0, .credits = 128,
-        .slot_size = 65536, .cookie = 0x0123456789abcdefULL,
+        .purpose = MW__PURPOSE_COMM, .flags = MW__HELLO_LOCAL, .credits = 128,
+        .slot_size = 65536, .nonce = 0x0123456789abcdefULL,
         .group = 7, .rank = 2, .nranks = 4, .max_msg = 0x0000000100000002ULL,
+        .host = 0x1122334455667788ULL,
     };
     return h;
 }
@@ -53,14 +54,12 @@ static void assert_hello_eq(const struct mw__hello *a, const struct mw__hello *b
     assert_int_equal(a->flags, b->flags);
     assert_int_equal(a->credits, b->credits);
     assert_int_equal(a->slot_size, b->slot_size);
-    assert_true(a->cookie == b->cookie);
     assert_int_equal(a->group, b->group);
     assert_int_equal(a->rank, b->rank);
     assert_int_equal(a->nranks, b->nranks);
     assert_true(a->max_msg == b->max_msg);
     assert_true(a->host == b->host);
     assert_true(a->nonce == b->nonce);
-    assert_true(a->token == b->token);
 }
 
 /* Decode @h after encoding it into exactly @len bytes (zero padded). */
@@ -69,9 +68,7 @@ static int hello_rt(const struct mw__hello *h, size_t len, struct mw__hello *out
 {
     uint8_t raw[256] = {0};
     assert_true(len <= sizeof(raw));
-    bool answer = h->flags & MW__HELLO_LOCAL && h->token;
-    assert_int_equal(mw__hello_encode(h, raw, sizeof(raw)),
-                     answer ? MW__HELLO_ANSWER_LEN : MW__HELLO_LEN);
+    assert_int_equal(mw__hello_encode(h, raw, sizeof(raw)), MW__HELLO_LEN);
     uint8_t *p = exact(raw, len);
     int rc = mw__hello_decode(p, len, out, why);
     free(p);
@@ -92,33 +89,34 @@ static void hello_fits_private_data(void **state)
     (void)state;
     assert_true(MW__HELLO_LEN <= 56);           /* a connect request's */
     assert_int_equal(MW__HELLO_LEN, 52);
-    assert_true(MW__HELLO_ANSWER_LEN <= 196);   /* an accept's */
 }
 
-/* The same-host offer and answer: a host is required with the flag; the
- * answer (nonce, token) rides after the hello when there is room, and a
- * request-sized hello with the flag reads as an offer. */
+/* The same-host offer and answer: a host is required with the flag, and
+ * without it the same-host fields must be empty; the offer names its
+ * socket (nonce), the answer only says it took the channel. */
 static void hello_same_host_offer_and_answer(void **state)
 {
     (void)state;
     struct mw__hello h = good_hello(), out;
-    h.flags = MW__HELLO_LOCAL;
+    h.host = 0;
     expect_hello_refused(&h, "same-host offer without a host");
     h.host = 0x1122334455667788ull;
     assert_int_equal(hello_rt(&h, 56, &out, NULL), 0);          /* the offer */
     assert_hello_eq(&h, &out);
-    h.nonce = 0xaaaa;
-    h.token = 0xbbbb;
+    h.nonce = 0;
     assert_int_equal(hello_rt(&h, 196, &out, NULL), 0);         /* the answer */
     assert_hello_eq(&h, &out);
-    uint8_t b[MW__HELLO_ANSWER_LEN];
-    assert_int_equal(mw__hello_encode(&h, b, MW__HELLO_LEN), -ENOSPC);
-    assert_int_equal(mw__hello_encode(&h, b, sizeof b), MW__HELLO_ANSWER_LEN);
-    assert_int_equal(b[59], 0xaa);
-    assert_int_equal(b[67], 0xbb);
-    /* without the flag, bytes after the hello are refused as ever */
-    h.flags = 0;
-    b[7] = 0;
+    h.flags = 0;                  /* no offer: nothing of one */
+    expect_hello_refused(&h, "same-host fields without LOCAL");
+    h.host = 0;
+    h.nonce = 7;
+    expect_hello_refused(&h, "same-host fields without LOCAL");
+    h.nonce = 0;
+    assert_int_equal(hello_rt(&h, MW__HELLO_LEN, &out, NULL), 0);
+    uint8_t b[64] = {0};
+    assert_int_equal(mw__hello_encode(&h, b, MW__HELLO_LEN - 1), -ENOSPC);
+    assert_int_equal(mw__hello_encode(&h, b, sizeof b), MW__HELLO_LEN);
+    b[MW__HELLO_LEN] = 1;         /* bytes after the hello are refused as ever */
     assert_int_equal(mw__hello_decode(b, sizeof b, &out, NULL), -EPROTO);
 }
 
@@ -134,7 +132,7 @@ static void hello_round_trip(void **state)
     struct mw__hello p2p = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
                             .purpose = MW__PURPOSE_P2P, .flags = 0xffff,
                             .credits = MW__CREDITS_MAX, .slot_size = MW__SLOT_MAX,
-                            .cookie = UINT64_MAX, .max_msg = MW__MSG_MAX, .host = 42};
+                            .nonce = UINT64_MAX, .max_msg = MW__MSG_MAX, .host = 42};
     assert_int_equal(hello_rt(&p2p, MW__HELLO_LEN, &out, NULL), 0);
     assert_hello_eq(&p2p, &out);
 }
@@ -146,11 +144,11 @@ static void hello_layout_big_endian(void **state)
     struct mw__hello h = good_hello();
     uint8_t b[MW__HELLO_LEN];
     const uint8_t want[MW__HELLO_LEN] = {
-        'M', 'W', 'I', 'R', MW__HELLO_VERSION, 2, 0, 0, 0, 0, 0, 128, 0, 1, 0, 0,
+        'M', 'W', 'I', 'R', MW__HELLO_VERSION, 2, 0, 1, 0, 0, 0, 128, 0, 1, 0, 0,
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
         0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 4,
         0, 0, 0, 1, 0, 0, 0, 2,
-        0, 0, 0, 0, 0, 0, 0, 0,
+        0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88,
     };
     assert_int_equal(mw__hello_encode(&h, b, sizeof(b)), MW__HELLO_LEN);
     assert_memory_equal(b, want, sizeof(want));
@@ -381,7 +379,7 @@ static void hello_random_garbage(void **state)
         free(p);
     }
     assert_true(refused > GARBAGE_ROUNDS / 2);
-    assert_true(accepted > 0); /* mutations of padding/cookie keep it valid */
+    assert_true(accepted > 0); /* mutations of padding/nonce keep it valid */
 }
 
 /* ------------------------------------------------------------------------
