@@ -611,97 +611,6 @@ static void half_open_flood_stays_bounded(void **state)
     mw_ctx_free(ctx);
 }
 
-/* The abstract name of this process's same-host socket, from /proc/net/unix
- * (a listening socket "@meshwire-<nonce>"); 0 when there is none. */
-static int same_host_socket(struct sockaddr_un *a, socklen_t *len)
-{
-    FILE *f = fopen("/proc/net/unix", "r");
-    char line[512], name[108] = "";
-    while (f && fgets(line, sizeof line, f)) {
-        char *at = strstr(line, "@meshwire-");
-        if (at && strstr(line, " 00010000 0001 01 "))   /* flags ACC, stream, listening */
-            sscanf(at + 1, "%100s", name);
-    }
-    if (f)
-        fclose(f);
-    if (!name[0])
-        return 0;
-    *a = (struct sockaddr_un){.sun_family = AF_UNIX};
-    memcpy(a->sun_path + 1, name, strlen(name));
-    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
-    return 1;
-}
-
-/* Whether the far end closed @fd within @ms. */
-static bool closed_by_peer(int fd)
-{
-    char b[64];
-    return recv(fd, b, sizeof b, MSG_DONTWAIT) == 0 || errno == ECONNRESET;
-}
-
-/* Local processes at the same-host socket: a hundred that connect and say
- * nothing, one that sends garbage, one whose greeting names no connection.
- * Each is dropped -- at once beyond 64 waiting, the silent ones after 5 s --
- * and a same-host connection made meanwhile works. */
-static void strangers_at_the_same_host_socket(void **state)
-{
-    (void)state;
-    const char *t = getenv("MW_TRANSPORT");
-    if (t && !strcmp(t, "rdma")) {
-        printf("MW_TRANSPORT=rdma: no same-host socket to test\n");
-        return;
-    }
-    mw_ctx_t *ctx;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    struct rxe_server s;
-    rxe_server_start(&s, ctx, addrs[1], NULL);
-    mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);   /* the socket opens */
-    rxe_wait_accepted(&s, 1);
-    struct sockaddr_un a;
-    socklen_t alen = 0;
-    assert_int_equal(same_host_socket(&a, &alen), 1);
-    enum { SILENT = 100 };
-    int fds[SILENT + 2];                          /* the last two first: not over the limit */
-    for (int k = 0; k < SILENT + 2; k++) {
-        int i = (k + SILENT) % (SILENT + 2);
-        fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, alen), 0);
-        loop_for(ctx, 1);
-    }
-    uint8_t junk[32], hello[32] = {6};
-    memset(junk, 0x42, sizeof junk);
-    hello[23] = 0x77;                             /* a token nobody was given */
-    assert_int_equal(send(fds[SILENT], junk, 32, MSG_NOSIGNAL), 32);
-    assert_int_equal(send(fds[SILENT + 1], hello, 32, MSG_NOSIGNAL), 32);
-    loop_for(ctx, 300);
-    int gone = 0;
-    for (int i = 0; i < SILENT; i++)
-        gone += closed_by_peer(fds[i]);
-    bool junk_gone = closed_by_peer(fds[SILENT]), hello_gone = closed_by_peer(fds[SILENT + 1]);
-    mw_conn_t *c2 = rxe_connect(ctx, addrs[1], s.port, NULL);
-    rxe_wait_accepted(&s, 2);
-    mw_conn_stats_t st;
-    assert_int_equal(mw_conn_stats(c2, &st), 0);
-    assert_int_equal(st.transport, MW_TRANSPORT_LOCAL);
-    rxe_round_trip(c2, s.conns[1]);
-    loop_for(ctx, 5300);                          /* the greeting deadline */
-    int later = 0;
-    for (int i = 0; i < SILENT; i++)
-        later += closed_by_peer(fds[i]);
-    printf("same-host socket: %d silent strangers dropped at once, %d of %d after 5 s; garbage "
-           "%s, unknown token %s; a connection made meanwhile works\n", gone, later, SILENT,
-           junk_gone ? "dropped" : "KEPT", hello_gone ? "dropped" : "KEPT");
-    assert_true(gone >= SILENT - 64);
-    assert_int_equal(later, SILENT);
-    assert_true(junk_gone && hello_gone);
-    for (int i = 0; i < SILENT + 2; i++)
-        close(fds[i]);
-    rxe_close_conn(c);
-    rxe_close_conn(c2);
-    rxe_server_close(&s);
-    mw_ctx_free(ctx);
-}
-
 /* The context is freed while a communicator forms: rank 1 is retrying its
  * connect to a rank 0 that never comes.  The creation fails -ECANCELED,
  * the retry timer and everything else go with the context (the sanitized
@@ -774,7 +683,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(malformed_fragments_are_refused_and_counted),
         cmocka_unit_test(message_beyond_max_msg_size_is_refused),
         cmocka_unit_test(half_open_flood_stays_bounded),
-        cmocka_unit_test(strangers_at_the_same_host_socket),
         cmocka_unit_test(fragments_sent_at_once_arrive_whole),
         cmocka_unit_test(context_freed_while_a_communicator_forms),
     };
