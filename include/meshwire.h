@@ -101,7 +101,11 @@ MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
  * Memory from mw_alloc() must have been freed.  Communicators, connections,
  * listeners and registrations still held are released (a communicator
  * still forming fails -ECANCELED): their handles turn stale.  A caller's
- * base is not freed.
+ * base is not freed.  A same-host peer that still holds requests of ours
+ * (see "The same-host path" at mw_conn_opts_t) is told to stop, and this
+ * waits for its word -- blocking, at most the largest timeout_ms of those
+ * connections -- so that no memory is handed back while the peer could
+ * still copy into it; past that, those operations fail -EBUSY.
  * Not to be called from inside a meshwire callback.
  */
 MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);
@@ -305,8 +309,9 @@ MW_EXTERN mw_future_t *mw_future_all(mw_ctx_t *ctx, mw_future_t *const *fs, size
  * them).  For most operations that moment is at once; for a one-sided
  * transfer or a collective with work on the wire, it is when that work
  * comes back (microseconds to milliseconds; at most the connection's
- * retry time when the peer is gone).  Each operation says what stopping
- * means for it:
+ * retry time when the peer is gone; on the same-host path, when the peer's
+ * loop answers: abort the connection to bound that, see mw_conn_opts_t).
+ * Each operation says what stopping means for it:
  *   mw_recv        leaves the queue of receives: the next message goes to
  *                  the next receive, none is lost.
  *   mw_send        nothing of it sent: it never will be.  Part of it sent:
@@ -421,7 +426,14 @@ MW_EXTERN int mw_dereg(mw_ctx_t *ctx, mw_mr_t *mr);
  * in any case while anything waits on it within 2 x keepalive_ms (a probe
  * unanswered: on soft-RoCE, whose resends at the default never run out,
  * that is what notices).  Lost and reordered packets are resent by the
- * device and cost time, never data.
+ * device and cost time, never data.  A peer that is alive but does not
+ * run its loop (a model load, a long forward pass) is never declared dead
+ * for it: over RDMA its device answers the probes, and on the same-host
+ * path its liveness is its process's (see there).  What waits on such a
+ * peer waits: a receive, a read on the same-host path; the one limit is
+ * send_timeout_ms (default 60 s), after which an operation that waits for
+ * the peer's credits fails -ETIMEDOUT -- raise it for peers that stay
+ * outside their loop longer.
  *
  * For each peer address the local address whose subnet contains
  * it (longest prefix) is chosen as the source, so in a direct-connect mesh each peer is reached
@@ -447,7 +459,10 @@ typedef enum mw_transport {
 } mw_transport_t;
 
 typedef struct mw_conn_opts {
-    unsigned timeout_ms;      /**< each setup step and the close; default 5000 */
+    unsigned timeout_ms;      /**< each setup step and the close; on the
+                                   same-host path also how long a failing
+                                   connection waits for the peer to stop
+                                   (see there); default 5000 */
     unsigned credits;         /**< receive slots: messages (and writes with
                                    immediate) the peer may have in flight to us;
                                    default 16, 2..4096 */
@@ -470,7 +485,10 @@ typedef struct mw_conn_opts {
                                    (a zero-length RDMA write) so a vanished
                                    peer fails them: one unanswered for
                                    keepalive_ms more fails the connection;
-                                   default 0 = timeout_ms */
+                                   default 0 = timeout_ms.  On the same-host
+                                   path no probe: the peer's process exiting
+                                   (a pidfd) or its end of the channel
+                                   closing fails the connection at once */
     unsigned send_timeout_ms; /**< an operation that waits this long for the
                                    peer's credits (the peer is alive but does
                                    not read its messages) fails -ETIMEDOUT,
@@ -562,12 +580,57 @@ typedef struct mw_conn_opts {
                                    exports as a device would).  Everything
                                    above keeps its promises: order, flow
                                    control, deadlines, cancels, a failed
-                                   access failing -EACCES.  One-sided work
-                                   then costs the target's loop the copy:
-                                   it moves while the target runs its loop.
-                                   A peer process that dies fails its
-                                   connections as on the device path (the
-                                   kernel disconnects what it held). */
+                                   access failing -EACCES.
+
+                                   The channel is set up before the
+                                   connection is established, and whatever
+                                   refuses it leaves the connection on the
+                                   device, working: a peer of another user
+                                   (never offered: its host identity
+                                   differs), a process that refuses
+                                   cross-memory copies (non-dumpable, as
+                                   setcap makes one, or confined by a
+                                   security module: both ends read a word of
+                                   the other's memory first), a peer's loop
+                                   that does not answer within timeout_ms /
+                                   2.  Only a process of this user reaches
+                                   the socket (its credentials are checked
+                                   as it connects); copies go to the process
+                                   the socket names, checked against a pidfd
+                                   before each one (never a reused pid).
+                                   mw_conn_stats() says which path a
+                                   connection took.
+
+                                   The peer's process executes one-sided
+                                   work, from its loop, where a NIC would:
+                                   it moves while the target runs its loop,
+                                   and a cancelled transfer's pieces come
+                                   back when the peer's loop answers them.
+                                   When a connection fails (mw_conn_abort,
+                                   an error, a close that timed out) it
+                                   tells the peer to stop, and the peer
+                                   executes nothing more of its requests
+                                   once it sees that (it checks before
+                                   every copy); the operations whose
+                                   requests the peer had not answered fail
+                                   only once the peer said so, from its
+                                   loop, or its process ended: then, as on
+                                   a device, nobody touches their memory
+                                   any more.  A peer that is alive and
+                                   outside its loop for timeout_ms after
+                                   that makes them fail -EBUSY: it has been
+                                   told, and may still finish the one copy
+                                   it had begun when it stopped running;
+                                   treat that memory as lent until its
+                                   process ends.  A peer process that dies
+                                   fails its connections at once (its
+                                   pidfd, its end of the socket), never for
+                                   being busy: no keepalive probe runs on
+                                   this path.  An export whose memory was
+                                   unmapped (and mapped again) takes no
+                                   write on this path, as a device's old
+                                   pages would take it unseen: the access
+                                   is refused, -EACCES. */
 } mw_conn_opts_t;
 
 /** mw_conn_opts_init() - fill @opts with the defaults. */
@@ -854,7 +917,9 @@ MW_EXTERN int mw_conn_on_imm(mw_conn_t *c, mw_imm_fn fn, void *arg);
 MW_EXTERN mw_future_t *mw_conn_close(mw_conn_t *c);
 
 /** mw_conn_abort() - abortive: pending operations fail with -ECONNABORTED,
- *  the connection is torn down and freed; @c is released at once.
+ *  the connection is torn down and freed; @c is released at once.  On the
+ *  same-host path the one-sided operations fail once the peer stopped
+ *  executing them (or -EBUSY, after timeout_ms: see mw_conn_opts_t).
  *  Return: 0, or the refusal of @c (-ESTALE when already closed). */
 MW_EXTERN int mw_conn_abort(mw_conn_t *c);
 
