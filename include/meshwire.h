@@ -102,9 +102,16 @@ MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
  * listeners and registrations still held are released (a communicator
  * still forming fails -ECANCELED): their handles turn stale.  A caller's
  * base is not freed.
- * Not to be called from inside a meshwire callback.
+ * From inside one of the context's callbacks -- a future's callback or
+ * chain step, an accept, immediate, posted or directory-watch function,
+ * whichever loop runs it (mw_ctx_progress, mw_wait, a caller's base) -- it
+ * is refused: the loop that called out goes on using the context when the
+ * callback returns.  Nothing is freed and an error is logged; free the
+ * context once the callback has returned (from your own code, or an event
+ * of your own).  (A log sink must not free its context either.)
+ * Return: 0 (also for NULL), or -EDEADLK when refused.
  */
-MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);
+MW_EXTERN int mw_ctx_free(mw_ctx_t *ctx);
 
 /** mw_ctx_base() - the event base the context runs on (not owned). */
 MW_EXTERN struct event_base *mw_ctx_base(mw_ctx_t *ctx);
