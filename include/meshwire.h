@@ -629,9 +629,10 @@ MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_con
 
 /** A received message: @data holds @len bytes, copied out of the receive
  *  slot.  It is the caller's: valid until mw_msg_free(), also after its
- *  connection closed, and it holds no credit (the slot went back to the
- *  peer when it was copied).  Only messages not yet asked for with
- *  mw_recv() hold credits. */
+ *  connection (or its context) is gone, and it holds no credit (the slot
+ *  went back to the peer when it was copied).  Only messages not yet asked
+ *  for with mw_recv() hold credits.  mw_msg_free() only frees memory:
+ *  thread-safe, from any thread. */
 typedef struct mw_msg {
     void *data;
     size_t len;
