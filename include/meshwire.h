@@ -106,9 +106,16 @@ MW_EXTERN int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base,
  * waits for its word -- blocking, at most the largest timeout_ms of those
  * connections -- so that no memory is handed back while the peer could
  * still copy into it; past that, those operations fail -EBUSY.
- * Not to be called from inside a meshwire callback.
+ * From inside one of the context's callbacks -- a future's callback or
+ * chain step, an accept, immediate, posted or directory-watch function,
+ * whichever loop runs it (mw_ctx_progress, mw_wait, a caller's base) -- it
+ * is refused: the loop that called out goes on using the context when the
+ * callback returns.  Nothing is freed and an error is logged; free the
+ * context once the callback has returned (from your own code, or an event
+ * of your own).  (A log sink must not free its context either.)
+ * Return: 0 (also for NULL), or -EDEADLK when refused.
  */
-MW_EXTERN void mw_ctx_free(mw_ctx_t *ctx);
+MW_EXTERN int mw_ctx_free(mw_ctx_t *ctx);
 
 /** mw_ctx_base() - the event base the context runs on (not owned). */
 MW_EXTERN struct event_base *mw_ctx_base(mw_ctx_t *ctx);
@@ -685,9 +692,10 @@ MW_EXTERN mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_con
 
 /** A received message: @data holds @len bytes, copied out of the receive
  *  slot.  It is the caller's: valid until mw_msg_free(), also after its
- *  connection closed, and it holds no credit (the slot went back to the
- *  peer when it was copied).  Only messages not yet asked for with
- *  mw_recv() hold credits. */
+ *  connection (or its context) is gone, and it holds no credit (the slot
+ *  went back to the peer when it was copied).  Only messages not yet asked
+ *  for with mw_recv() hold credits.  mw_msg_free() only frees memory:
+ *  thread-safe, from any thread. */
 typedef struct mw_msg {
     void *data;
     size_t len;

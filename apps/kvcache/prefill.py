@@ -19,13 +19,27 @@ import meshwire
 import kvpool
 
 
+async def hold(conn):
+    """Keep @conn (a Connection collected is aborted) until its decode
+    process goes: that one sends nothing, so the receive ends when it does."""
+    try:
+        await conn.recv()
+    except OSError:
+        pass
+    conn.abort()
+
+
 async def serve_rdma(ctx, pool, addr, geometry):
+    held = set()                                   # the tasks holding connections
     async with ctx.listen(addr) as listener:
         print(f"prefill: RDMA on port {listener.port}", flush=True)
         async for conn in listener:
             remote = conn.export(pool)             # only this connection's key
             await conn.send(json.dumps({**geometry, "remote": bytes(remote).hex()}).encode())
             # nothing more to do: the decode side reads on its own
+            task = asyncio.create_task(hold(conn))
+            held.add(task)
+            task.add_done_callback(held.discard)
 
 
 async def pages_http(request):

@@ -10,8 +10,11 @@ and no polling.
             await conn.send(b"hello")
             msg = await conn.recv()          # a memoryview, no copy
 
-Errors are OSError subclasses chosen by errno (ConnectionRefusedError,
-TimeoutError, ConnectionResetError...), with meshwire's message.
+Options are keywords named as meshwire.h's option fields:
+Context(log_level="info"), ctx.connect(addr, timeout_ms=2000,
+transport="rdma").  Errors are OSError subclasses chosen by errno
+(ConnectionRefusedError, TimeoutError, ConnectionResetError...), with
+meshwire's message.  README.md's "Python (asyncio)" says more.
 """
 from ._comm import DTYPES, OPS, Communicator
 from ._conn import Connection, Listener, Remote

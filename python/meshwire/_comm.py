@@ -8,7 +8,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ._context import Context, set_options
-from ._lib import check, error, ffi, lib
+from ._lib import T, check, error, ffi, lib
+from ._release import finalize
 
 _DTYPES = {
     "int8": lib.MW_INT8, "int16": lib.MW_INT16, "int32": lib.MW_INT32, "int64": lib.MW_INT64,
@@ -48,18 +49,20 @@ def _op(op: str) -> Any:
 
 
 def _ptr(arr: Optional[np.ndarray]) -> Any:
-    return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("void *", arr.ctypes.data)
+    return ffi.NULL if arr is None or arr.size == 0 else ffi.cast(T.void_p, arr.ctypes.data)
 
 
 class Communicator:
     """A mesh of ranks.  Every rank calls the same collectives in the same
     order; each returns when this rank's part is complete.  ``async with``
-    frees it (after your final barrier, as the header advises)."""
+    frees it (after your final barrier, as the header advises); one
+    collected without free() is freed from the loop."""
 
     def __init__(self, ctx: Context, comm: Any):
         self._ctx, self._comm = ctx, comm
         self.rank: int = lib.mw_comm_rank(comm)
         self.size: int = lib.mw_comm_size(comm)
+        self._collected = finalize(self, _comm_collected, ctx, comm)
         ctx._owned.add(self)
 
     def _live(self) -> Any:
@@ -147,7 +150,7 @@ class Communicator:
 
     def block_of(self, count: int, rank: Optional[int] = None) -> tuple:
         """(offset, length) of block @rank (default: this one) of @count."""
-        off, n = ffi.new("size_t *"), ffi.new("size_t *")
+        off, n = ffi.new(T.size_p), ffi.new(T.size_p)
         check(lib.mw_block_of(count, self.size, self.rank if rank is None else rank, off, n),
               "mw_block_of")
         return off[0], n[0]
@@ -156,6 +159,7 @@ class Communicator:
         """Close the mesh: this rank's pending collectives fail."""
         if self._comm is not None:
             comm, self._comm = self._comm, None
+            self._collected.detach()
             self._ctx._owned.discard(self)
             lib.mw_comm_free(comm)
 
@@ -168,24 +172,32 @@ class Communicator:
         self.free()
 
 
+def _comm_collected(ctx: Context, comm: Any) -> None:
+    """A Communicator collected without free(): free it from the loop."""
+    def release() -> None:
+        if ctx._ctx is not None:           # else the context's free released it
+            lib.mw_comm_free(comm)
+    ctx._reaper.later(release)
+
+
 async def create(ctx: Context, rank: Optional[int], peers: Optional[Sequence[str]],
                  opts: dict) -> Communicator:
-    o = ffi.new("mw_comm_opts_t *")
+    o = ffi.new(T.comm_opts_p)
     lib.mw_comm_opts_init(o)
     conn = opts.pop("conn", {})
     job = opts.pop("job", None)
     set_options(o, "communicator", opts)
     set_options(o.conn, "connection", conn)
-    job_c = ffi.new("char[]", job.encode()) if job is not None else ffi.NULL
+    job_c = ffi.new(T.chars, job.encode()) if job is not None else ffi.NULL
     o.job = job_c                          # read during the call
     if peers is None:
         if rank is not None:
             raise TypeError("give both rank and peers, or neither (launcher environment)")
         f = lib.mw_comm_create_env(ctx._live(), o)
     else:
-        cs = [ffi.new("char[]", p.encode()) for p in peers]
-        arr = ffi.new("const char *[]", cs)
+        cs = [ffi.new(T.chars, p.encode()) for p in peers]
+        arr = ffi.new(T.strings, cs)
         f = lib.mw_comm_create(ctx._live(), rank, len(peers), arr, o)
     return await ctx._await(f, "communicator",
-                            convert=lambda v: Communicator(ctx, ffi.cast("mw_comm_t *", v)),
+                            convert=lambda v: Communicator(ctx, ffi.cast(T.comm_p, v)),
                             orphan=lambda comm: comm.free())

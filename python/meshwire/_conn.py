@@ -5,8 +5,9 @@ import asyncio
 import collections
 from typing import Any, AsyncIterator, Optional
 
-from ._context import Bufferable, Context, set_options
-from ._lib import check, error, ffi, lib
+from ._context import TRANSPORTS, Bufferable, Context, set_options
+from ._lib import T, check, error, ffi, lib
+from ._release import callbacks, finalize
 
 
 class Remote:
@@ -16,7 +17,7 @@ class Remote:
     works on the connection it was exported for only."""
 
     __slots__ = ("addr", "len", "rkey")
-    SIZE = ffi.sizeof("mw_remote_t")
+    SIZE = ffi.sizeof(T.remote)
 
     def __init__(self, addr: int, len: int, rkey: int):
         self.addr, self.len, self.rkey = addr, len, rkey
@@ -29,12 +30,12 @@ class Remote:
         view = memoryview(b).cast("B")
         if view.nbytes != cls.SIZE:
             raise ValueError(f"a Remote is {cls.SIZE} bytes, not {view.nbytes}")
-        r = ffi.new("mw_remote_t *")
+        r = ffi.new(T.remote_p)
         ffi.memmove(r, view, cls.SIZE)
         return cls(r.addr, r.len, r.rkey)
 
     def _c(self) -> Any:
-        return ffi.new("mw_remote_t *", {"addr": self.addr, "len": self.len, "rkey": self.rkey})
+        return ffi.new(T.remote_p, {"addr": self.addr, "len": self.len, "rkey": self.rkey})
 
     def __repr__(self) -> str:
         return f"<meshwire.Remote {self.len} bytes at {self.addr:#x} key {self.rkey:#x}>"
@@ -42,23 +43,42 @@ class Remote:
 
 def _message(value: Any) -> memoryview:
     """A received mw_msg_t as a memoryview over meshwire's buffer, which is
-    freed (mw_msg_free) once the last view of it is released."""
-    m = ffi.cast("mw_msg_t *", value)
-    if m.len == 0:
+    freed (mw_msg_free) the moment the last view of it is released: by
+    reference count, whichever thread lets go.  Its finalizer calls the C
+    function and nothing else (mw_msg_free only frees memory, thread-safe;
+    looked up at import), so it can neither block nor reach the loop."""
+    m = ffi.cast(T.msg_p, value)
+    n = m.len
+    if n == 0:
         lib.mw_msg_free(m)
         return memoryview(b"")
-    data = ffi.gc(ffi.cast("char *", m.data), lambda _: lib.mw_msg_free(m), m.len)
-    return memoryview(ffi.buffer(data, m.len))
+    data = ffi.gc(ffi.cast(T.char_p, m.data), lambda _, m=m, free=lib.mw_msg_free: free(m), n)
+    return memoryview(ffi.buffer(data, n))
 
 
 @ffi.callback("void(mw_conn_t *, uint32_t, void *)")
 def _on_imm(c: Any, imm: int, arg: Any) -> None:
-    conn: Connection = ffi.from_handle(arg)
-    conn._imms.put_nowait(imm)
+    conn: Optional[Connection] = callbacks.get(arg)
+    if conn is not None and conn._imms is not None:   # else collected: nobody asks
+        conn._imms.put_nowait(imm)
+
+
+def _conn_collected(ctx: Context, c: Any, key: int, exported: dict) -> None:
+    """A Connection collected while open: abort it and drop its exports'
+    registrations, from the loop (Reaper)."""
+    def release() -> None:
+        callbacks.forget(key)
+        if ctx._ctx is not None:           # else the context's free released it
+            lib.mw_conn_abort(c)
+            for _, mr in exported.values():
+                ctx._unreg(mr)
+        exported.clear()
+    ctx._reaper.later(release)
 
 
 class Connection:
-    """One RC connection.  ``async with conn:`` closes it gracefully."""
+    """One RC connection.  ``async with conn:`` closes it gracefully; one
+    collected without close() or abort() is aborted (from the loop)."""
 
     def __init__(self, ctx: Context, c: Any):
         self._ctx, self._c = ctx, c
@@ -67,7 +87,8 @@ class Connection:
         self._settled = asyncio.Event()
         self._imms: Optional[asyncio.Queue] = None
         self._exported: dict = {}          # Remote key -> (buffer, registration)
-        self._handle = ffi.new_handle(self)
+        self._key = callbacks.add(self)    # what immediates' callback carries
+        self._collected = finalize(self, _conn_collected, ctx, c, self._key, self._exported)
         ctx._owned.add(self)
 
     def _live(self) -> Any:
@@ -78,7 +99,7 @@ class Connection:
     async def send(self, buf: Bufferable) -> None:
         """Send @buf as one message (any size; in order).  @buf is read
         where it lies, without a copy in Python, until this completes."""
-        p = ffi.from_buffer("char[]", buf)
+        p = ffi.from_buffer(T.chars, buf)
         await self._ctx._await(lib.mw_send(self._live(), p, len(p)), "send", keep=(buf, p))
 
     async def recv(self) -> memoryview:
@@ -122,7 +143,7 @@ class Connection:
         if offset < 0 or length <= 0 or offset + length > n:
             self._ctx._unreg(mr)
             raise ValueError(f"[{offset}, {offset}+{length}) is not inside {n} bytes")
-        out = ffi.new("mw_remote_t *")
+        out = ffi.new(T.remote_p)
         rc = lib.mw_mem_export(self._live(), p + offset, length, out)
         if rc < 0:
             self._ctx._unreg(mr)
@@ -162,8 +183,9 @@ class Connection:
         connection closes: ``async for imm in conn.immediates()``.  They
         are collected from this call on (ask before the peer writes)."""
         if self._imms is None:
+            check(lib.mw_conn_on_imm(self._live(), _on_imm, callbacks.arg(self._key)),
+                  "mw_conn_on_imm")
             self._imms = asyncio.Queue()
-            check(lib.mw_conn_on_imm(self._live(), _on_imm, self._handle), "mw_conn_on_imm")
         return self._next_imms()
 
     async def _next_imms(self) -> AsyncIterator[int]:
@@ -174,17 +196,22 @@ class Connection:
             yield imm
 
     def stats(self) -> dict:
-        st = ffi.new("mw_conn_stats_t *")
+        """The connection's counters and addresses (mw_conn_stats) by name;
+        transport is "rdma" (the NIC) or "local" (the same-host path)."""
+        st = ffi.new(T.conn_stats_p)
         check(lib.mw_conn_stats(self._live(), st), "mw_conn_stats")
         out = {}
         for name, field in ffi.typeof(st).item.fields:
             v = getattr(st, name)
             out[name] = ffi.string(v).decode() if field.type.kind == "array" else v
+        out["transport"] = TRANSPORTS.get(out["transport"], out["transport"])
         return out
 
     def _release(self) -> Any:
         """Hand the connection to close/abort; its exports go with it."""
         c, self._c = self._c, None
+        self._collected.detach()
+        callbacks.forget(self._key)        # no immediate is delivered after close/abort
         self._ctx._owned.discard(self)
         if self._imms is not None:
             self._imms.put_nowait(None)
@@ -218,35 +245,73 @@ class Connection:
 
 @ffi.callback("void(mw_listener_t *, mw_conn_t *, void *)")
 def _on_accept(l: Any, c: Any, arg: Any) -> None:
-    listener: Listener = ffi.from_handle(arg)
-    listener._accepted.put_nowait(Connection(listener._ctx, c))
+    listener: Optional[Listener] = callbacks.get(arg)
+    if listener is None or listener._l is None:   # collected (or closed): refuse it
+        lib.mw_conn_abort(c)
+        return
+    try:
+        conn = Connection(listener._ctx, c)
+    except Exception as e:                # accept() raises it
+        lib.mw_conn_abort(c)
+        listener._accepted.put_nowait(e)
+        return
+    listener._accepted.put_nowait(conn)
+
+
+def _listener_collected(ctx: Context, l: Any, key: int) -> None:
+    """A Listener collected while listening: free it from the loop."""
+    def release() -> None:
+        callbacks.forget(key)
+        if ctx._ctx is not None:           # else the context's free released it
+            lib.mw_listener_free(l)
+    ctx._reaper.later(release)
 
 
 class Listener:
     """Accepts connections: ``async with ctx.listen(addr) as l`` then
-    ``async for conn in l`` (or ``await l.accept()``)."""
+    ``async for conn in l`` (or ``await l.accept()``).  The iteration ends
+    when the listener is closed (close(), the ``async with`` block's end);
+    anything else that stops it raises: the context closed under it
+    (ConnectionAbortedError), an accepted connection that could not be
+    taken.  One collected without close() is freed (from the loop), and
+    peers connecting meanwhile are turned away."""
 
     def __init__(self, ctx: Context, addr: str, opts: dict):
         self._ctx = ctx
-        o = ffi.new("mw_conn_opts_t *")
+        o = ffi.new(T.conn_opts_p)
         lib.mw_conn_opts_init(o)
         set_options(o, "connection", opts)
         self._accepted: asyncio.Queue = asyncio.Queue()
-        self._handle = ffi.new_handle(self)
-        lp = ffi.new("mw_listener_t **")
-        check(lib.mw_listen(ctx._live(), addr.encode(), o, _on_accept, self._handle, lp),
-              f"listen {addr}")
+        self._ended: Optional[tuple] = None   # (errno, why) it stopped, but for close()
+        key = callbacks.add(self)
+        lp = ffi.new(T.listener_pp)
+        try:
+            check(lib.mw_listen(ctx._live(), addr.encode(), o, _on_accept, callbacks.arg(key),
+                                lp), f"listen {addr}")
+        except BaseException:
+            callbacks.forget(key)
+            raise
         self._l = lp[0]
+        self._key = key
+        self._collected = finalize(self, _listener_collected, ctx, self._l, key)
         self.port: int = lib.mw_listener_port(self._l)
         ctx._owned.add(self)
 
     async def accept(self) -> Connection:
-        if self._l is None:
-            raise error(-108, "the listener is closed")
-        conn = await self._accepted.get()
-        if conn is None:
-            raise error(-108, "the listener is closed")
-        return conn
+        """The next connection accepted; OSError once the listener stopped
+        (ESHUTDOWN after close(), ECONNABORTED when the context closed)."""
+        if self._l is None and self._accepted.empty():
+            raise self._ended_error()
+        got = await self._accepted.get()
+        if got is None:
+            self._accepted.put_nowait(None)   # for every later accept() too
+            raise self._ended_error()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _ended_error(self) -> OSError:
+        return error(*(self._ended or (-108, "the listener is closed")))
 
     def __aiter__(self) -> "Listener":
         return self
@@ -254,23 +319,34 @@ class Listener:
     async def __anext__(self) -> Connection:
         try:
             return await self.accept()
-        except OSError:
-            raise StopAsyncIteration from None
+        except OSError as e:
+            if self._l is None and self._ended is None and e.errno == 108:
+                raise StopAsyncIteration from None   # closed by its owner: the end
+            raise
 
     def stats(self) -> dict:
-        st = ffi.new("mw_listener_stats_t *")
+        st = ffi.new(T.listener_stats_p)
+        if self._l is None:
+            raise self._ended_error()
         check(lib.mw_listener_stats(self._l, st), "mw_listener_stats")
         return {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
 
     def close(self) -> None:
-        """Stop listening; connections accepted stay."""
+        """Stop listening; connections accepted stay (those not taken yet
+        with accept() too)."""
         if self._l is not None:
             l, self._l = self._l, None
+            self._collected.detach()
             self._ctx._owned.discard(self)
             lib.mw_listener_free(l)
+            callbacks.forget(self._key)
             self._accepted.put_nowait(None)
 
-    _drop = close
+    def _drop(self) -> None:
+        """The context is closing under the listener."""
+        if self._l is not None:
+            self._ended = (-103, "the listener's context was closed")   # ECONNABORTED
+            self.close()
 
     async def __aenter__(self) -> "Listener":
         return self

@@ -10,7 +10,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _future
-from ._lib import check, error, ffi, lib
+from ._lib import T, check, error, ffi, lib
+from ._release import Reaper
 
 if TYPE_CHECKING:
     from ._comm import Communicator
@@ -19,41 +20,106 @@ if TYPE_CHECKING:
 Bufferable = Any   # anything with the buffer protocol: bytes, bytearray, numpy arrays, mmap...
 
 
+# Options whose values have names: given as the name (or the C constant).
+_NAMED = {
+    "transport": {"auto": lib.MW_TRANSPORT_AUTO, "rdma": lib.MW_TRANSPORT_RDMA},
+    "log_level": {"error": lib.MW_LOG_ERROR, "warn": lib.MW_LOG_WARN,
+                  "info": lib.MW_LOG_INFO, "debug": lib.MW_LOG_DEBUG},
+}
+
+# The ranges meshwire.h documents for mw_conn_opts_t, checked here so that a
+# bad value is refused naming its field (the C library says "bad options";
+# unit/test_unit checks these edges against it).
+_RANGES = {
+    "connection": {
+        "credits": (2, 4096), "slot_size": (256, 16 << 20), "max_rdma_inflight": (1, None),
+        "chunk_size": (4096, None), "timeout_ms": (1, None), "default_port": (0, 65535),
+        "send_timeout_ms": (1, None), "max_msg_size": (1, 1 << 40),
+        "max_inbox_bytes": (1, None), "retry_count": (0, 7), "rnr_retry": (0, 6),
+        "max_accepting": (1, 65536),
+    },
+}
+
+TRANSPORTS = {lib.MW_TRANSPORT_AUTO: "auto", lib.MW_TRANSPORT_RDMA: "rdma",
+              lib.MW_TRANSPORT_LOCAL: "local"}
+
+
+def _named(kind: str, name: str, value: Any) -> Any:
+    names = _NAMED[name]
+    if isinstance(value, str):
+        if value not in names:
+            raise ValueError(f"{kind} option {name}={value!r}: expected one of "
+                             f"{', '.join(map(repr, names))}")
+        return names[value]
+    if value not in names.values():
+        raise ValueError(f"{kind} option {name}={value!r}: expected one of "
+                         f"{', '.join(map(repr, names))}")
+    return value
+
+
 def set_options(opts: Any, kind: str, given: dict) -> None:
-    """Copy keyword options onto a C options struct, refusing unknown names."""
+    """Copy keyword options onto a C options struct by name: unknown names,
+    values of the wrong type and values out of their documented range are
+    refused naming the option (TypeError, ValueError)."""
     t = ffi.typeof(opts)
-    fields = {name for name, _ in (t.item if t.kind == "pointer" else t).fields}
+    fields = dict((t.item if t.kind == "pointer" else t).fields)
+    ranges = _RANGES.get(kind, {})
     for name, value in given.items():
-        if name not in fields:
-            raise TypeError(f"unknown {kind} option {name!r} (known: {', '.join(sorted(fields))})")
-        setattr(opts, name, value)
+        field = fields.get(name)
+        if field is None:
+            known = sorted(n for n, f in fields.items() if f.type.kind not in ("pointer", "function"))
+            raise TypeError(f"unknown {kind} option {name!r} (known: {', '.join(known)})")
+        if field.type.kind in ("pointer", "function"):
+            raise TypeError(f"{kind} option {name!r} cannot be set from Python")
+        if name in _NAMED:
+            value = _named(kind, name, value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{kind} option {name}={value!r}: expected an integer")
+        lo, hi = ranges.get(name, (0, None))
+        if value < lo or (hi is not None and value > hi):
+            want = f"at least {lo}" if hi is None else f"{lo}..{hi}"
+            raise ValueError(f"{kind} option {name}={value}: expected {want}")
+        try:
+            setattr(opts, name, value)
+        except OverflowError:
+            raise ValueError(f"{kind} option {name}={value}: too large for its C type "
+                             f"({field.type.cname})") from None
 
 
 class Context:
     """A meshwire context on the running asyncio loop (the default loop or
-    uvloop).  Use it as ``async with Context() as ctx`` or call close()."""
+    uvloop).  Use it as ``async with Context() as ctx`` or call close().
+    Keyword options are mw_ctx_opts_t's: log_level ("error", "warn",
+    "info", "debug" or the MW_LOG_* number; default from MW_LOG, else
+    "warn"), cq_depth, max_wc_per_turn, threads."""
 
-    def __init__(self, *, log_level: Optional[int] = None,
-                 loop: Optional[asyncio.AbstractEventLoop] = None):
+    def __init__(self, *, loop: Optional[asyncio.AbstractEventLoop] = None, **opts: Any):
         self._loop = loop or asyncio.get_running_loop()
-        opts = ffi.new("mw_ctx_opts_t *")
-        lib.mw_ctx_opts_init(opts)
-        if log_level is not None:
-            opts.log_level = log_level
-        pp = ffi.new("mw_ctx_t **")
-        check(lib.mw_ctx_new(pp, ffi.NULL, opts), "mw_ctx_new")
+        o = ffi.new(T.ctx_opts_p)
+        lib.mw_ctx_opts_init(o)
+        set_options(o, "context", opts)
+        pp = ffi.new(T.ctx_pp)
+        check(lib.mw_ctx_new(pp, ffi.NULL, o), "mw_ctx_new")
         self._ctx = pp[0]
         self._ops: set = set()             # operations in flight (keeps them alive)
         self._owned: "weakref.WeakSet[Any]" = weakref.WeakSet()   # connections, listeners...
         self._starts: list = []            # sorted starts of live mw_alloc blocks
         self._ends: dict = {}              # start -> end
         self._closing = False
+        self._reaper = Reaper(self._loop)  # what the garbage collector hands back
+        self._in_progress = False
+        self._wakeups = 0
         self._fd = check(lib.mw_ctx_fd(self._ctx), "mw_ctx_fd")
         self._loop.add_reader(self._fd, self._progress)
 
     def _progress(self) -> None:
+        self._wakeups += 1
         if self._ctx is not None:
-            lib.mw_ctx_progress(self._ctx)  # never blocks; level-triggered fd
+            self._in_progress = True
+            try:
+                lib.mw_ctx_progress(self._ctx)  # never blocks; level-triggered fd
+            finally:
+                self._in_progress = False
 
     def _live(self) -> Any:
         if self._ctx is None or self._closing:
@@ -65,28 +131,34 @@ class Context:
     def alloc(self, size: int) -> memoryview:
         """@size bytes of registered memory (mw_alloc), as a writable
         memoryview: numpy.frombuffer(buf, dtype) and every other buffer
-        consumer work on it without a copy.  It is freed when the last view
-        of it goes; one-sided operations on it need no registration."""
+        consumer work on it without a copy.  It is freed once the last view
+        of it goes -- from the loop, on its thread, whichever thread let go
+        of it (at the loop's next turn, or the next alloc()); one-sided
+        operations on it need no registration."""
         if size <= 0:
             raise ValueError("size must be positive")
+        self._reaper.run()                 # blocks let go of: freed before growing
         p = lib.mw_alloc(self._live(), size)
         if p == ffi.NULL:
             raise MemoryError(f"mw_alloc({size}): {ffi.string(lib.mw_strerror(-ffi.errno)).decode()}")
-        start = int(ffi.cast("uintptr_t", p))
+        start = int(ffi.cast(T.uintptr, p))
         bisect.insort(self._starts, start)
         self._ends[start] = start + size
-        ctx = self
+        reaper, release = self._reaper, self._release_block
 
-        def release(q: Any) -> None:
-            i = bisect.bisect_left(ctx._starts, start)
-            del ctx._starts[i]
-            del ctx._ends[start]
-            lib.mw_free(ctx._ctx, q)
-            if ctx._closing and not ctx._starts:
-                ctx._free()
+        def released(_: Any) -> None:      # a finalizer: any thread, any moment
+            reaper.later(release, start, p)
 
-        cp = ffi.gc(ffi.cast("char *", p), release, size)
+        cp = ffi.gc(ffi.cast(T.char_p, p), released, size)
         return memoryview(ffi.buffer(cp, size))
+
+    def _release_block(self, start: int, p: Any) -> None:
+        del self._starts[bisect.bisect_left(self._starts, start)]
+        del self._ends[start]
+        if self._ctx is not None:
+            lib.mw_free(self._ctx, p)
+        if self._closing and not self._starts:
+            self._free()
 
     def _ours(self, addr: int, n: int) -> bool:
         i = bisect.bisect_right(self._starts, addr) - 1
@@ -96,11 +168,11 @@ class Context:
         """(pointer, length, registration or None) for @obj, without a copy:
         memory from alloc() as it is, any other memory registered
         (mw_reg; drop the registration with _unreg once done)."""
-        p = ffi.from_buffer("char[]", obj, require_writable=writable)
+        p = ffi.from_buffer(T.chars, obj, require_writable=writable)
         n = len(p)
-        if n == 0 or self._ours(int(ffi.cast("uintptr_t", p)), n):
+        if n == 0 or self._ours(int(ffi.cast(T.uintptr, p)), n):
             return p, n, None
-        mrp = ffi.new("mw_mr_t **")
+        mrp = ffi.new(T.mr_pp)
         check(lib.mw_reg(self._live(), p, n, mrp), "mw_reg")
         return p, n, mrp[0]
 
@@ -128,19 +200,23 @@ class Context:
 
     async def connect(self, addrs: str, **opts: Any) -> "Connection":
         """Connect to "host:port[,host:port...]" (see mw_connect): the
-        Connection, or ConnectionRefusedError, TimeoutError..."""
+        Connection, or ConnectionRefusedError, TimeoutError...  Keyword
+        options are mw_conn_opts_t's, by name: timeout_ms=2000,
+        transport="rdma" (the NIC even when the peer is a process of this
+        host; "auto", the default, takes the same-host path there)..."""
         from ._conn import Connection
-        o = ffi.new("mw_conn_opts_t *")
+        o = ffi.new(T.conn_opts_p)
         lib.mw_conn_opts_init(o)
         set_options(o, "connection", opts)
         f = lib.mw_connect(self._live(), addrs.encode(), o)
         return await self._await(
-            f, f"connect {addrs}", convert=lambda v: Connection(self, ffi.cast("mw_conn_t *", v)),
+            f, f"connect {addrs}", convert=lambda v: Connection(self, ffi.cast(T.conn_p, v)),
             orphan=lambda conn: conn.abort())
 
     def listen(self, addr: str = "0.0.0.0:7470", **opts: Any) -> "Listener":
         """Listen on @addr ("host:port", port 0 for any): a Listener, to use
-        as ``async with ctx.listen(addr) as l: async for conn in l``."""
+        as ``async with ctx.listen(addr) as l: async for conn in l``.
+        Keyword options (connect()'s) are for the connections accepted."""
         from ._conn import Listener
         return Listener(self, addr, opts)
 
@@ -153,10 +229,14 @@ class Context:
         return await create(self, rank, peers, opts)
 
     def stats(self) -> dict:
-        """The context's counters (mw_ctx_stats) by name."""
-        st = ffi.new("mw_ctx_stats_t *")
+        """The context's counters (mw_ctx_stats) by name, and loop_wakeups:
+        how many times the loop woke for meshwire's descriptor (an idle
+        context: none)."""
+        st = ffi.new(T.ctx_stats_p)
         lib.mw_ctx_stats(self._live(), st)
-        return {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
+        out = {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
+        out["loop_wakeups"] = self._wakeups
+        return out
 
     # --- the end ----------------------------------------------------------
 
@@ -170,14 +250,21 @@ class Context:
         self._closing = True
         for obj in list(self._owned):
             obj._drop()                    # their pending work fails, from the loop
+        self._reaper.run()                 # what was let go of goes first
         if not self._starts:
             self._free()
 
     def _free(self) -> None:
+        if self._ctx is None:
+            return
+        if self._in_progress:              # never from inside mw_ctx_progress (C refuses)
+            self._loop.call_soon(self._free)
+            return
         if not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         ctx, self._ctx = self._ctx, None
-        lib.mw_ctx_free(ctx)               # pending futures fail -ECANCELED, callbacks run
+        check(lib.mw_ctx_free(ctx), "mw_ctx_free")   # pending futures fail -ECANCELED, callbacks run
+        self._reaper.run()                 # releases their callbacks queued: the context is gone
 
     async def __aenter__(self) -> "Context":
         return self

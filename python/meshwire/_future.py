@@ -60,6 +60,10 @@ def _on_done(f: Any, arg: Any) -> None:
         op.keep = None
         lib.mw_future_unref(op.f)
         op.f = None
+        # The handle keeps the Op alive, and the Op its result (a received
+        # message's view, say): dropped, neither waits for the cycle
+        # collector.
+        op.handle = None
 
 
 async def wait(af: asyncio.Future, orphan: Optional[Callable]) -> Any:

@@ -1,6 +1,8 @@
 """libmeshwire through cffi's ABI mode: the declarations are meshwire.h's
 own (generated at build time into _cdef.py), the library is found by its
-soname, or at $MESHWIRE_LIB (the build tree's tests set it)."""
+soname, or at $MESHWIRE_LIB (the build tree's tests set it).  Every
+function is looked up and every type parsed here, at import: nothing later
+takes cffi's lock (see _resolve_all)."""
 from __future__ import annotations
 
 import os
@@ -32,6 +34,45 @@ def _load():
 
 
 lib = _load()
+
+
+def _resolve_all() -> None:
+    """Look up every function and constant of the library now.  cffi looks
+    a name up at its first use, under its own lock, which is not
+    reentrant; a finalizer the garbage collector runs while this thread
+    holds that lock (parsing a type, say) and that used a name for the
+    first time would wait for it for ever."""
+    for name in dir(lib):
+        getattr(lib, name)
+
+
+_resolve_all()
+
+
+class T:
+    """Every C type the binding names, parsed once, here: cffi parses a type
+    given as a string at its first use, under the same lock (see
+    _resolve_all), so nothing after import passes one."""
+    char_p = ffi.typeof("char *")
+    chars = ffi.typeof("char[]")
+    void_p = ffi.typeof("void *")
+    uintptr = ffi.typeof("uintptr_t")
+    size_p = ffi.typeof("size_t *")
+    strings = ffi.typeof("const char *[]")
+    ctx_pp = ffi.typeof("mw_ctx_t **")
+    ctx_opts_p = ffi.typeof("mw_ctx_opts_t *")
+    ctx_stats_p = ffi.typeof("mw_ctx_stats_t *")
+    conn_p = ffi.typeof("mw_conn_t *")
+    conn_opts_p = ffi.typeof("mw_conn_opts_t *")
+    conn_stats_p = ffi.typeof("mw_conn_stats_t *")
+    listener_pp = ffi.typeof("mw_listener_t **")
+    listener_stats_p = ffi.typeof("mw_listener_stats_t *")
+    comm_p = ffi.typeof("mw_comm_t *")
+    comm_opts_p = ffi.typeof("mw_comm_opts_t *")
+    msg_p = ffi.typeof("mw_msg_t *")
+    mr_pp = ffi.typeof("mw_mr_t **")
+    remote = ffi.typeof("mw_remote_t")
+    remote_p = ffi.typeof("mw_remote_t *")
 
 
 def error(err: int, message: Optional[str] = None) -> OSError:

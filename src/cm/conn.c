@@ -426,11 +426,12 @@ void mw__conn_established(struct mw__conn *c)
     mw__conn_pump(c);
 }
 
-/* Fail everything pending on @c with @err and a message naming the peer. */
+/* Fail everything pending on @c with @err and a message naming the peer
+ * (before its address is known, a connect's message names those tried). */
 static void fail_pending(struct mw__conn *c, int err)
 {
     char why[256];
-    snprintf(why, sizeof why, "%s: %s", c->stats.remote[0] ? c->stats.remote : "peer", c->why);
+    snprintf(why, sizeof why, "%s%s%s", c->stats.remote, c->stats.remote[0] ? ": " : "", c->why);
     mw__queue_fail_all(c, err, why);
     mw__recv_fail_all(c, err, why);
     if (c->connect_f) {

@@ -9,6 +9,7 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/dev.h"
 #include "core/future.h"
 
 static void try_next(struct mw__conn *c);
@@ -151,8 +152,8 @@ static void on_route_resolved(struct mw__conn *c)
 void mw__connect_device_ready(struct mw__conn *c, int err)
 {
     if (err)
-        attempt_failed(c, err, "the RDMA device could not register memory: %s",
-                       mw_strerror(err));
+        attempt_failed(c, err, "%s", c->dev->why[0] ? c->dev->why
+                                                    : "the RDMA device could not register memory");
     else
         on_route_resolved(c);
 }

@@ -284,5 +284,6 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
     c->listener = NULL;
     mw__conn_hand_over(c);
     l->stats.accepted++;
-    l->cb(MW__HANDLE_PTR(mw_listener_t, l->h), mw__conn_handle(c), l->arg);
+    MW__CALL_OUT(c->ctx,
+                 l->cb(MW__HANDLE_PTR(mw_listener_t, l->h), mw__conn_handle(c), l->arg));
 }

@@ -260,7 +260,7 @@ static void take_slot(struct mw__conn *c, unsigned i)
         c->stats.imms_received++;
         recycle_slot(c, i, true);
         if (c->imm_fn)
-            c->imm_fn(mw__conn_handle(c), s->imm, c->imm_arg);
+            MW__CALL_OUT(c->ctx, c->imm_fn(mw__conn_handle(c), s->imm, c->imm_arg));
         else if (c->owner == MW__OWNER_CALLER)   /* after close nobody listens */
             MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
                    c->stats.remote, s->imm);

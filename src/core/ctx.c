@@ -128,10 +128,26 @@ fail:
     return rc;
 }
 
-void mw_ctx_free(mw_ctx_t *ctx)
+/* Called from one of the context's callbacks, the loop that called out
+ * still runs on the context: on return it would touch what was freed (the
+ * task queue, the connection that accepted, the base of its own that
+ * mw_ctx_progress is inside).  Refused, not deferred: a deferred free has
+ * no place to run that every way of driving the loop passes through (a
+ * caller's event_base_dispatch, mw_wait, mw_ctx_progress). */
+static bool called_out(const mw_ctx_t *ctx)
+{
+    return ctx->in_callback > 0 || ctx->in_handler > 0;
+}
+
+int mw_ctx_free(mw_ctx_t *ctx)
 {
     if (!ctx)
-        return;
+        return 0;
+    if (called_out(ctx)) {
+        MW_LOG(ctx, MW_LOG_ERROR, "mw_ctx_free() from inside a meshwire callback: refused, "
+               "nothing freed (free the context once the callback has returned)");
+        return -EDEADLK;
+    }
     ctx->closing = true;
     for (int i = MW__LAYERS; i-- > 0;)
         if (ctx->layers[i].teardown)
@@ -155,6 +171,7 @@ void mw_ctx_free(mw_ctx_t *ctx)
     if (ctx->own_base)
         event_base_free(ctx->base);
     mw__free(ctx);
+    return 0;
 }
 
 struct event_base *mw_ctx_base(mw_ctx_t *ctx)

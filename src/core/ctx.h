@@ -60,6 +60,8 @@ struct mw_ctx {
     struct timeval turn;          /* the loop turn turn_t0 belongs to (loop.c) */
     uint64_t turn_t0;             /* when meshwire first worked in that turn */
     int in_callback;              /* > 0 while running tasks: mw_wait refuses */
+    int in_handler;               /* > 0 while a caller's function runs that
+                                     no task runs (MW__CALL_OUT) */
 
     struct mw__list futures;      /* every live future (pending ones fail at free) */
     struct mw__devs *devs;        /* opened devices: PD + CQ each */
@@ -112,6 +114,18 @@ bool mw__turn_may(mw_ctx_t *ctx);
 
 /* A zero timeout: "on the next loop turn, after I/O". */
 extern const struct timeval mw__zero_tv;
+
+/* MW__CALL_OUT() - call a caller's function that the loop runs outside
+ * the task queue (an accept, immediate or posted function): @call runs
+ * with ctx->in_handler raised, so that mw_ctx_free() from inside it is
+ * refused, as from a task. */
+#define MW__CALL_OUT(ctx, call)                                   \
+    do {                                                          \
+        mw_ctx_t *call_out_ctx_ = (ctx);                          \
+        call_out_ctx_->in_handler++;                              \
+        call;                                                     \
+        call_out_ctx_->in_handler--;                              \
+    } while (0)
 
 /* mw__defer() - run t->fn(t) from the loop, after what is already queued. */
 void mw__defer(mw_ctx_t *ctx, struct mw__task *t);

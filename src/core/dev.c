@@ -86,6 +86,16 @@ struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verb
     return NULL;
 }
 
+/* Release what meshwire held on @dev; its slot stays, empty. */
+static void dev_drop(mw_ctx_t *ctx, struct mw__dev *dev)
+{
+    mw__worker_flush(ctx);            /* no job may still use its PD */
+    mw__mem_remove_dev(ctx, dev);     /* MRs before the PD */
+    dev_release(dev);
+    dev->verbs = NULL;                /* a re-added device gets a new slot */
+    dev->removed = true;
+}
+
 void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev)
 {
     if (!dev || dev->removed)
@@ -96,11 +106,7 @@ void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev)
     }
     MW_LOG(ctx, MW_LOG_WARN, "RDMA device %s removed: releasing what meshwire held on it",
            dev->name);
-    mw__worker_flush(ctx);            /* no job may still use its PD */
-    mw__mem_remove_dev(ctx, dev);     /* MRs before the PD */
-    dev_release(dev);
-    dev->verbs = NULL;                /* a re-added device gets a new slot */
-    dev->removed = true;
+    dev_drop(ctx, dev);
 }
 
 /* Tell the layers above: they fail what uses the device. */
@@ -219,11 +225,14 @@ static void registered(struct mw__dev *dev, int err, void *arg)
     mw_ctx_t *ctx = dev->ctx;
     dev->ready = true;
     mw__mem_unreserve(ctx);           /* for the connections that waited */
-    if (err || dev->remove_pending) {
-        MW_LOG(ctx, err ? MW_LOG_ERROR : MW_LOG_INFO, "RDMA device %s: %s", dev->name,
-               err ? "registering memory failed" : "removed while registering memory");
-        mw__dev_remove(ctx, dev);     /* its slot stays, empty */
-        err = err ? err : -ENODEV;
+    if (err) {                        /* not removed: unusable, and said why */
+        MW_LOG(ctx, MW_LOG_ERROR, "%s: connections through it fail",
+               dev->why[0] ? dev->why : mw_strerror(err));
+        dev_drop(ctx, dev);           /* its slot stays, empty: the next connect tries anew */
+    } else if (dev->remove_pending) {
+        MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: removed while registering memory", dev->name);
+        mw__dev_remove(ctx, dev);
+        err = -ENODEV;
     } else {
         MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: memory registered, ready", dev->name);
     }

@@ -24,6 +24,9 @@ struct mw__dev {
     bool broken;                   /* its CQ failed or it reported a fatal error */
     bool ready;                    /* every region has its keys here */
     bool remove_pending;           /* removed while registering: finish after */
+    char why[192];                 /* "RDMA device NAME cannot register...":
+                                      why registering memory with it failed,
+                                      for the connections that waited on it */
     uint32_t post_ns_per_kib;      /* what a post costs per KiB here; 0: unknown */
     bool soft_roce;                /* rxe (its vendor id): see MW__RXE_READS */
 };

@@ -320,7 +320,7 @@ static void on_posted(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_unlock(&l->lock);
     while (p) {
         struct post *next = p->next;
-        p->fn(ctx, p->arg);
+        MW__CALL_OUT(ctx, p->fn(ctx, p->arg));
         mw__free(p);
         p = next;
     }

@@ -5,6 +5,7 @@
  * containing it has valid keys. */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <infiniband/verbs.h>
@@ -90,6 +91,30 @@ void mw__mem_free(mw_ctx_t *ctx)
     ctx->mem = NULL;
 }
 
+static uint64_t live_bytes(const struct mw__mem *m)
+{
+    uint64_t bytes = 0;
+    struct mw__region *r;
+    mw__list_for_each(r, &m->rg.all, link)
+        bytes += r->end - r->start;
+    return bytes;
+}
+
+/* Registering @bytes in @n regions with @dev failed: say why, in dev->why
+ * for the connections waiting on it, and at length in the log. */
+static void add_dev_failed(mw_ctx_t *ctx, struct mw__dev *dev, int err, size_t n,
+                           uint64_t bytes)
+{
+    char what[112];
+    bool memlock = mw__memlock_why(err, bytes, what, sizeof what);
+    snprintf(dev->why, sizeof dev->why, "RDMA device %s %s", dev->name, what);
+    MW_LOG(ctx, MW_LOG_WARN, "%s (%zu regions)%s", dev->why, n,
+           memlock ? ": each connection pins more (its own registration of the memory it "
+                     "sends and receives through: about 16 MiB with the default slots); raise "
+                     "ulimit -l, or LimitMEMLOCK= for a systemd service (unlimited is simplest)"
+                   : "");
+}
+
 int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev)
 {
     if (!ctx || !ctx->mem || !dev)
@@ -98,8 +123,7 @@ int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev)
     int rc = mw__registrar_add_dev(&m->rg, dev);
     size_t n = m->arena_ix.n + m->nuregs;
     if (rc < 0)
-        MW_LOG(ctx, MW_LOG_WARN, "device %d: registering %zu region(s) failed: %s",
-               dev->index, n, mw_strerror(rc));
+        add_dev_failed(ctx, dev, rc, n, live_bytes(m));
     else
         MW_LOG(ctx, MW_LOG_DEBUG, "device %d: %zu region(s) registered", dev->index, n);
     return rc;
@@ -148,8 +172,10 @@ static void devreg_done(struct mw__job *j)
         }
     }
     if (err) {
-        MW_LOG(m->ctx, MW_LOG_WARN, "device %d: registering %zu region(s) failed: %s",
-               d->dev->index, d->n, mw_strerror(err));
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < d->n; i++)
+            bytes += d->e[i].len;
+        add_dev_failed(m->ctx, d->dev, err, d->n, bytes);
         mw__registrar_remove_dev(&m->rg, d->dev);
     }
     d->done(d->dev, err, d->arg);
@@ -163,10 +189,7 @@ int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
     if (!ctx || !ctx->mem || !dev || !done)
         return -EINVAL;
     struct mw__mem *m = ctx->mem;
-    uint64_t bytes = 0;
-    struct mw__region *r;
-    mw__list_for_each(r, &m->rg.all, link)
-        bytes += r->end - r->start;
+    uint64_t bytes = live_bytes(m);
     if (bytes <= MW__REG_INLINE_BYTES)
         return mw__mem_add_dev(ctx, dev);
     struct devreg *d = mw__calloc(1, sizeof *d);
@@ -316,8 +339,10 @@ int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_
     const struct mw__keys *k;
     rc = mw__region_pd_keys(&m->rg, r, pd, &k);
     if (rc < 0) {
-        MW_LOG(ctx, MW_LOG_WARN, "registering [%#lx, %#lx) for a connection failed: %s",
-               (unsigned long)r->start, (unsigned long)r->end, mw_strerror(rc));
+        char why[112];
+        mw__memlock_why(rc, r->end - r->start, why, sizeof why);
+        MW_LOG(ctx, MW_LOG_WARN, "registering [%#lx, %#lx) for a connection: %s",
+               (unsigned long)r->start, (unsigned long)r->end, why);
         return rc == -EFAULT || rc == -EINVAL ? -EIO : rc;   /* those mean the range here */
     }
     *lkey = k->lkey;

@@ -65,6 +65,13 @@ int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
 int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
                           void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
 
+/* mw__memlock_why() - describe the failure @err of registering @bytes
+ * into @buf: when RLIMIT_MEMLOCK refused it (ENOMEM, a finite limit, no
+ * CAP_IPC_LOCK), naming the limit and what it would take, and returning
+ * true; else with mw_strerror(@err), returning false.  Short enough to
+ * quote in a connection's message (under 110 bytes).  memlock.c */
+bool mw__memlock_why(int err, uint64_t bytes, char *buf, size_t n);
+
 /* mw__mem_reserve() / mw__mem_unreserve() - hold @bytes of mw_alloc()
  * memory from context creation until the first device is usable, then
  * give it back to the arena.  Growing the arena costs tens of milliseconds

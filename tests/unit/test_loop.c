@@ -307,6 +307,106 @@ static void four_threads_hand_off(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- mw_ctx_free from inside a callback ------------------------------------ */
+
+/* What a callback that frees its context saw, and the log's complaint. */
+struct self_free {
+    mw_ctx_t *ctx;
+    int rc, calls;
+    char logged[512];
+};
+
+static void log_into(int level, const char *msg, void *arg)
+{
+    struct self_free *sf = arg;
+    if (level == MW_LOG_ERROR)
+        snprintf(sf->logged, sizeof sf->logged, "%s", msg);
+}
+
+static void free_from_then(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct self_free *sf = arg;
+    sf->rc = mw_ctx_free(sf->ctx);
+    sf->calls++;
+}
+
+static void free_from_post(mw_ctx_t *ctx, void *arg)
+{
+    struct self_free *sf = arg;
+    sf->rc = mw_ctx_free(ctx);
+    sf->calls++;
+}
+
+static mw_ctx_t *self_free_ctx(struct self_free *sf, struct event_base *base)
+{
+    mw_ctx_opts_t o;
+    mw_ctx_opts_init(&o);
+    o.threads = 1;
+    o.log_fn = log_into;
+    o.log_arg = sf;
+    *sf = (struct self_free){.rc = 1};
+    assert_int_equal(mw_ctx_new(&sf->ctx, base, &o), 0);
+    return sf->ctx;
+}
+
+/* After a refusal the context is whole: a timer still fires through it. */
+static void still_works(mw_ctx_t *ctx)
+{
+    mw_future_t *t = mw_future_new(ctx);
+    assert_non_null(t);
+    mw_future_set_timeout(t, 1);
+    assert_int_equal(mw_wait(t), -ETIMEDOUT);
+    mw_future_unref(t);
+}
+
+/* The asyncio shape: the context's descriptor in the caller's loop and
+ * mw_ctx_progress() when it is readable; a completion's callback (Python's
+ * cancelled write, whose buffer was the last thing the closing context
+ * waited for) frees the context from inside mw_ctx_progress.  Refused,
+ * with an error logged, and the context goes on; so from a posted task,
+ * and both on a caller's libevent base too. */
+static void ctx_free_from_a_callback_is_refused(void **state)
+{
+    (void)state;
+    struct self_free sf;
+    for (int on_callers_base = 0; on_callers_base < 2; on_callers_base++) {
+        struct event_base *base = on_callers_base ? event_base_new() : NULL;
+        /* a future's callback */
+        mw_ctx_t *ctx = self_free_ctx(&sf, base);
+        mw_future_t *f = mw_future_new(ctx);
+        assert_int_equal(mw_future_then(f, free_from_then, &sf), 0);
+        mw_future_resolve(f, NULL);
+        mw_future_unref(f);
+        if (base) {
+            while (!sf.calls)
+                event_base_loop(base, EVLOOP_ONCE);
+        } else {
+            int ep = epoll_create1(0);
+            struct epoll_event e = {.events = EPOLLIN};
+            assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, mw_ctx_fd(ctx), &e), 0);
+            while (!sf.calls && epoll_wait(ep, &e, 1, 5000) == 1)
+                assert_int_equal(mw_ctx_progress(ctx), 0);
+            close(ep);
+        }
+        assert_int_equal(sf.calls, 1);
+        assert_int_equal(sf.rc, -EDEADLK);
+        assert_non_null(strstr(sf.logged, "refused"));
+        still_works(ctx);
+        /* a posted task */
+        sf.calls = 0;
+        sf.rc = 1;
+        assert_int_equal(mw_ctx_post(ctx, free_from_post, &sf), 0);
+        while (!sf.calls)
+            event_base_loop(mw_ctx_base(ctx), EVLOOP_ONCE);
+        assert_int_equal(sf.rc, -EDEADLK);
+        still_works(ctx);
+        assert_int_equal(mw_ctx_free(ctx), 0);     /* from the caller's own code */
+        if (base)
+            event_base_free(base);
+    }
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -316,6 +416,7 @@ int main(void)
         cmocka_unit_test(deadline_before_the_descriptor),
         cmocka_unit_test(wrong_thread_is_refused),
         cmocka_unit_test(four_threads_hand_off),
+        cmocka_unit_test(ctx_free_from_a_callback_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
