@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -28,6 +30,8 @@
 #include "cm/lqp.h"
 #include "core/ctx.h"
 #include "core/op.h"
+
+extern char **environ;
 
 #define MAXWC 64
 
@@ -522,6 +526,38 @@ static void settle_waits_the_bound_and_no_longer(void **state)
     assert_int_equal(f->a.wc[0].status, MW__LQP_WC_UNCONFIRMED);
 }
 
+/* The dead peer of the test below, a process of its own (spawned: under
+ * the thread sanitizer a jemalloc process cannot fork): one raw WRITE by
+ * copy from DEAD_SRC, where it maps 64 KiB of 0x77, to @to (rkey 7) on
+ * socket @fd, then gone. */
+#define DEAD_SRC ((void *)0x7e5500000000ull)
+
+static void *map_src(void)
+{
+    void *p = mmap(DEAD_SRC, 65536, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == DEAD_SRC)
+        memset(p, 0x77, 65536);
+    return p;
+}
+
+static int dead_peer(int fd, uint64_t to)
+{
+    if (map_src() != DEAD_SRC)
+        return 2;
+    uint8_t rec[32] = {2};        /* WRITE, not inline, 65536 bytes, rkey 7 */
+    uint64_t addr = (uintptr_t)DEAD_SRC;
+    rec[6] = 1;
+    for (int i = 0; i < 8; i++) {
+        rec[8 + i] = (uint8_t)(addr >> (56 - 8 * i));
+        rec[16 + i] = (uint8_t)(to >> (56 - 8 * i));
+    }
+    rec[27] = 7;
+    return write(fd, rec, 32) == 32 ? 0 : 1;
+}
+
+static char self_path[4096];
+
 /* A peer's process that exits while something still holds its end of the
  * socket (a child it forked, say: no end-of-file comes) is noticed by its
  * pidfd; the request it left, a write by copy from its memory, is never
@@ -534,22 +570,15 @@ static void a_dead_peer_is_noticed_by_its_pidfd(void **state)
     struct fx f = {0};
     f.b.memlen = 1 << 20;
     f.b.mem = calloc(1, f.b.memlen);
+    assert_true(map_src() == DEAD_SRC);     /* "another process" at the same pid */
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-    static uint8_t src[65536];
-    memset(src, 0x77, sizeof src);
-    pid_t child = fork();
-    if (child == 0) {             /* the peer: one write by copy, then gone */
-        uint8_t rec[32] = {2};    /* WRITE, not inline, rkey 7 */
-        uint64_t addr = (uintptr_t)src, to = (uintptr_t)f.b.mem;
-        rec[6] = 1;               /* len 65536 */
-        for (int i = 0; i < 8; i++) {
-            rec[8 + i] = (uint8_t)(addr >> (56 - 8 * i));
-            rec[16 + i] = (uint8_t)(to >> (56 - 8 * i));
-        }
-        rec[27] = 7;
-        _exit(write(sv[0], rec, 32) == 32 ? 0 : 1);
-    }
+    char fd[16], to[32];
+    snprintf(fd, sizeof fd, "%d", sv[0]);
+    snprintf(to, sizeof to, "%llu", (unsigned long long)(uintptr_t)f.b.mem);
+    char *argv[] = {self_path, "dead-peer", fd, to, NULL};
+    pid_t child;
+    assert_int_equal(posix_spawn(&child, self_path, NULL, NULL, argv, environ), 0);
     int pidfd = (int)syscall(SYS_pidfd_open, child, 0);   /* before it is reaped */
     assert_true(pidfd >= 0);
     int st;
@@ -567,11 +596,16 @@ static void a_dead_peer_is_noticed_by_its_pidfd(void **state)
         assert_int_equal(f.b.mem[i], 0);
     end_free(&f.b);
     close(sv[0]);
+    munmap(DEAD_SRC, 65536);
     free(f.b.mem);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "dead-peer"))
+        return dead_peer(atoi(argv[2]), strtoull(argv[3], NULL, 10));
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(messages_inline_and_by_cma, setup, teardown),
         cmocka_unit_test_setup_teardown(writes_reads_and_immediates, setup, teardown),
