@@ -99,7 +99,8 @@ struct mw__lqp {
     bool shut;                    /* our end is shut: nothing more is written */
     bool peer_shut;               /* its end is shut: nothing more executes,
                                      either way (ours is shut then too) */
-    bool peer_eof;                /* and all it sent is read (or it exited) */
+    bool peer_eof;                /* and it sends nothing more: its end read,
+                                     its socket closed, or its process gone */
     bool peer_refused;            /* it answered ERR: it executes nothing more */
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
@@ -197,8 +198,10 @@ static void flush_out(struct mw__lqp *q)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                q->peer_eof = true;   /* closed, not shut: it executes nothing more */
                 end_later(q, -ECONNRESET, "the peer's end of the same-host channel closed");
+            }
             break;
         }
         evbuffer_drain(q->out, (size_t)w);

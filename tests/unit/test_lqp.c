@@ -526,6 +526,29 @@ static void settle_waits_the_bound_and_no_longer(void **state)
     assert_int_equal(f->a.wc[0].status, MW__LQP_WC_UNCONFIRMED);
 }
 
+/* A peer whose socket is closed (not shut: its process closed it, or
+ * left) executes nothing more: a failure after our write found it closed
+ * (EPIPE) flushes at once, confirmed, instead of waiting for an end that
+ * nobody reads any more. */
+static void a_closed_peer_is_not_waited_for(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[8192], msg[16];
+    f->b.frozen = true;
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, sizeof dst, (uintptr_t)f->b.mem, 7, true);
+    spin(f, 2);
+    mw__lqp_free(f->b.q);         /* its socket closes with nothing executed */
+    f->b.q = NULL;
+    post(f, &f->a, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);   /* finds it closed */
+    spin(f, 2);
+    mw__lqp_error(f->a.q);
+    assert_false(mw__lqp_quiescing(f->a.q));
+    run_until_ms(f, &f->a, 2, BOUND_MS / 2);
+    assert_int_equal(f->a.nwc, 2);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+}
+
 /* The dead peer of the test below, a process of its own (spawned: under
  * the thread sanitizer a jemalloc process cannot fork): one raw WRITE by
  * copy from DEAD_SRC, where it maps 64 KiB of 0x77, to @to (rkey 7) on
@@ -622,6 +645,7 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(nothing_unanswered_nothing_to_wait_for, setup, teardown),
         cmocka_unit_test_setup_teardown(settle_waits_the_bound_and_no_longer, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_closed_peer_is_not_waited_for, setup, teardown),
         cmocka_unit_test(a_dead_peer_is_noticed_by_its_pidfd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
