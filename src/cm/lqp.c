@@ -500,6 +500,14 @@ static void ended(struct mw__lqp *q, int err, const char *why)
     q->ended = true;
     if (q->rev)
         event_del(q->rev);
+    if (q->wev)
+        event_del(q->wev);
+    /* nothing more is read or written here: a socket at its end stays
+     * readable, which would keep mw_ctx_fd() readable for ever */
+    if (q->fd >= 0) {
+        q->want_out = false;
+        mw__unwatch_fd(q->ctx, q->fd);
+    }
     q->ops->ended(q->arg, err, why);
 }
 
@@ -641,6 +649,11 @@ static void on_peer_exit(evutil_socket_t fd, short what, void *arg)
         take_records(q);
     if (q->fd >= 0 && !q->ended)
         at_end(q, false, "the peer's process ended");
+    if (q->pidfd >= 0) {          /* readable for ever now; nothing copies any more */
+        mw__unwatch_fd(q->ctx, q->pidfd);
+        close(q->pidfd);
+        q->pidfd = -1;
+    }
 }
 
 static void on_bound(evutil_socket_t fd, short what, void *arg)

@@ -9,6 +9,7 @@
  * not run), or past the bound as unconfirmed, and the peer, when its loop
  * runs again, touches none of that memory. */
 #include <errno.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -549,6 +550,27 @@ static void a_closed_peer_is_not_waited_for(void **state)
     assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
 }
 
+/* A channel at its end stays readable (end-of-file) until its connection
+ * fails, which is not always at once: mw_ctx_fd() must not stay readable
+ * meanwhile, or an epoll loop embedding meshwire spins. */
+static void an_ended_channel_leaves_mw_ctx_fd_quiet(void **state)
+{
+    struct fx *f = *state;
+    int fd = mw_ctx_fd(f->a.ctx);
+    assert_true(fd >= 0);
+    mw__lqp_free(f->b.q);         /* the peer's end goes */
+    f->b.q = NULL;
+    for (int i = 0; i < 100 && !f->a.ended_err; i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) == 1)
+            mw_ctx_progress(f->a.ctx);
+    }
+    assert_int_equal(f->a.ended_err, -ECONNRESET);
+    mw_ctx_progress(f->a.ctx);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 50), 0);   /* nothing left to do: quiet */
+}
+
 /* The dead peer of the test below, a process of its own (spawned: under
  * the thread sanitizer a jemalloc process cannot fork): one raw WRITE by
  * copy from DEAD_SRC, where it maps 64 KiB of 0x77, to @to (rkey 7) on
@@ -646,6 +668,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(nothing_unanswered_nothing_to_wait_for, setup, teardown),
         cmocka_unit_test_setup_teardown(settle_waits_the_bound_and_no_longer, setup, teardown),
         cmocka_unit_test_setup_teardown(a_closed_peer_is_not_waited_for, setup, teardown),
+        cmocka_unit_test_setup_teardown(an_ended_channel_leaves_mw_ctx_fd_quiet, setup, teardown),
         cmocka_unit_test(a_dead_peer_is_noticed_by_its_pidfd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
