@@ -7,6 +7,7 @@ after `pip install` of python/.  No GLIBC_TUNABLES, LD_PRELOAD or variable of
 meshwire's.  Each process then uses jemalloc's arena (ctx.alloc), whose
 thread-local storage is the point."""
 import functools
+import json
 import os
 import subprocess
 
@@ -18,6 +19,7 @@ SOURCE_PY = os.environ["MW_TEST_SOURCE_PYTHON"]    # python/, for pip install
 UNINSTALLED = os.environ["MW_TEST_UNINSTALLED"]    # build/meson-uninstalled
 LIB = os.environ["MW_TEST_LIB"]                    # build/src/libmeshwire.so.0.1.0
 VERSION = os.environ["MW_TEST_VERSION"]
+BUILD_ROOT = os.path.dirname(UNINSTALLED)
 
 USE = """
 import asyncio
@@ -79,7 +81,22 @@ def test_a_venv_after_pip_install(tmp_path):
                + "import meshwire._libpath as p; print(p.LIB)"], {"HOME": str(tmp_path)})
     version, lib = out.split()
     assert version == VERSION
-    assert lib == os.path.join(os.path.dirname(UNINSTALLED), "src", "libmeshwire.so.0")
+    assert lib == os.path.join(BUILD_ROOT, "src", "libmeshwire.so.0")
+
+
+def test_meson_installs_the_package_where_debians_python3_looks():
+    """meson install itself writes to the prefix, so not here: what it would
+    install, read from meson: the package in one of /usr/bin/python3's site
+    directories, its _libpath.py naming the library installed beside it."""
+    installed = json.loads(run(["meson", "introspect", "--installed", BUILD_ROOT], {}))
+    package = os.path.dirname(next(dst for src, dst in installed.items()
+                                   if src.endswith("python/meshwire/__init__.py")))
+    libpath = next(src for src, dst in installed.items() if dst == package + "/_libpath.py")
+    lib = installed["libmeshwire.so.0"]
+    sites = run(["/usr/bin/python3", "-c", "import site; print(*site.getsitepackages())"],
+                {}).split()
+    assert os.path.dirname(package) in sites, f"{package} is in none of {sites}"
+    assert f'LIB = "{lib}"' in open(libpath).read()
 
 
 def test_the_library_has_no_static_tls_and_keeps_its_jemalloc_to_itself():
