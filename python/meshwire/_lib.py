@@ -1,8 +1,10 @@
 """libmeshwire through cffi's ABI mode: the declarations are meshwire.h's
-own (generated at build time into _cdef.py), the library is found by its
-soname, or at $MESHWIRE_LIB (the build tree's tests set it).  Every
-function is looked up and every type parsed here, at import: nothing later
-takes cffi's lock (see _resolve_all)."""
+own (generated at build time into _cdef.py); the library is the one this
+copy of the package was made with (_libpath.py: the build tree's in
+build/python, the installed one after meson install or pip install), else
+whatever the dynamic linker finds by its soname.  Every function is looked
+up and every type parsed here, at import: nothing later takes cffi's lock
+(see _resolve_all)."""
 from __future__ import annotations
 
 import os
@@ -11,26 +13,21 @@ from typing import Optional
 from cffi import FFI
 
 from ._cdef import CDEF
+from ._libpath import LIB
 
 ffi = FFI()
 ffi.cdef(CDEF)
 
-_TLS_HINT = (
-    "libmeshwire links jemalloc, whose thread-local storage needs about 2.6 KiB of "
-    "glibc's static TLS reserve, more than a process started without it leaves for "
-    "libraries loaded later: start Python with "
-    "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096 (or LD_PRELOAD=libjemalloc.so.2)"
-)
+SONAME = "libmeshwire.so.0"
 
 
 def _load():
-    path = os.environ.get("MESHWIRE_LIB") or "libmeshwire.so.0"
+    path = LIB if os.path.exists(LIB) else SONAME
     try:
         return ffi.dlopen(path)
     except OSError as e:
-        if "static TLS" in str(e):
-            raise ImportError(f"cannot load {path}: {_TLS_HINT}") from e
-        raise ImportError(f"cannot load {path}: {e}") from e
+        gone = "" if path == LIB else f" ({LIB}, which this package was made with, is gone)"
+        raise ImportError(f"cannot load {path}{gone}: {e}") from e
 
 
 lib = _load()

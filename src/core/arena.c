@@ -22,6 +22,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+/* meshwire's own jemalloc (deps/jemalloc, scripts/jemalloc): with
+ * JEMALLOC_MANGLE, which meson sets, mallocx() here is its prefixed,
+ * hidden mw__je_mallocx(), never the process's allocator. */
 #include <jemalloc/jemalloc.h>
 
 #include "core/alloc.h"
@@ -247,7 +250,8 @@ static void ev_report(struct mw__mem *m, struct mw__arena *a, const char *what)
                mw_strerror(a->ev.err));
 }
 
-/* jemalloc's background threads (MALLOC_CONF=background_thread:true) purge
+/* jemalloc's background threads (background_thread:true; for this build's
+ * prefix the variable is MW__JE_MALLOC_CONF, not MALLOC_CONF) purge
  * every arena from their own threads, while the hooks and the index they
  * edit belong to the context's thread.  Then this arena never decays: freed
  * memory stays registered for reuse until the context goes. */
