@@ -3,7 +3,7 @@
 It makes the wheel of the package meshwire for the libmeshwire that
 pkg-config finds: the installed one after `meson install -C build`, or a
 build tree's with PKG_CONFIG_PATH=build/meson-uninstalled.  The wheel's
-_cdef.py is generated from that library's meshwire.h and its _libpath.py
+_ffi.py is generated from that library's meshwire.h and its _libpath.py
 names that library's file, so the package loads exactly the library it was
 made for, with no environment variable.  Standard library only, and
 pyproject.toml requires nothing: pip downloads nothing to build it.
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import subprocess
+import sys
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
-
-from gen_cdef import cdef_of
 
 HERE = Path(__file__).resolve().parent
 SONAME = "libmeshwire.so.0"
@@ -64,6 +65,23 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
+def _ffi_module(header: Path) -> bytes:
+    """meshwire._ffi for @header, made by gen_cdef.py with cffi.  pip's
+    isolated build environment has no cffi (and may not download one): the
+    interpreter this environment was made from has it, as it must to run
+    the package."""
+    exe = getattr(sys, "_base_executable", None) or sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}   # pip's overlay
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "_ffi.py"
+        run = subprocess.run([exe, str(HERE / "gen_cdef.py"), str(header), str(out)],
+                             capture_output=True, text=True, env=env)
+        if run.returncode != 0:
+            raise RuntimeError(f"cannot make meshwire/_ffi.py with {exe} (it needs cffi: "
+                               f"apt-get install python3-cffi): {run.stderr.strip()}")
+        return out.read_bytes()
+
+
 def get_requires_for_build_wheel(config_settings=None) -> list[str]:
     return []
 
@@ -73,9 +91,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
     files = {f"meshwire/{p.name}": p.read_bytes()
              for p in sorted((HERE / "meshwire").iterdir())
              if p.suffix == ".py" or p.name == "py.typed"}
-    cdef = cdef_of(header.read_text())
-    files["meshwire/_cdef.py"] = (f'"""Generated from {header} by build_backend.py."""\n'
-                                  f"CDEF = {cdef!r}\n").encode()
+    files["meshwire/_ffi.py"] = _ffi_module(header)
     files["meshwire/_libpath.py"] = (f'"""Where libmeshwire is (pkg-config, when pip built this)."""\n'
                                      f"LIB = {str(so)!r}\n").encode()
     info = f"meshwire-{version}.dist-info"

@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""Write meshwire/_cdef.py: include/meshwire.h as declarations cffi's cdef()
+"""Write meshwire/_ffi.py: include/meshwire.h as declarations cffi's cdef()
 takes (comments, preprocessor lines, C++ guards and attributes removed;
-integer #defines kept).  Run by meson, so the binding always declares
-exactly what the header does.
+integer #defines kept), parsed now and emitted as cffi's out-of-line ABI
+module.  Importing it parses nothing: no pycparser at run time (seconds
+per import in an emulated VM), and none of the Python parser's lock, which
+a finalizer once waited on for good.  Run by meson (and by pip, through
+build_backend.py), so the binding always declares exactly what the header
+does.
 
-    gen_cdef.py meshwire.h _cdef.py
+    gen_cdef.py meshwire.h _ffi.py
 """
+import os
 import re
 import sys
+import tempfile
 
 
 def cdef_of(header: str) -> str:
@@ -33,12 +39,24 @@ def cdef_of(header: str) -> str:
     return "struct event_base;\n" + re.sub(r"\n\s*\n+", "\n", text).strip() + "\n"
 
 
+def ffi_module(header: str) -> bytes:
+    """The source of meshwire._ffi for the header text @header."""
+    from cffi import FFI
+    ffi = FFI()
+    ffi.cdef(cdef_of(header))
+    ffi.set_source("meshwire._ffi", None)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "_ffi.py")
+        ffi.emit_python_code(out)
+        with open(out, "rb") as f:
+            return f.read()
+
+
 def main() -> int:
     with open(sys.argv[1]) as f:
-        cdef = cdef_of(f.read())
-    with open(sys.argv[2], "w") as f:
-        f.write('"""Generated from meshwire.h by gen_cdef.py: do not edit."""\n')
-        f.write(f"CDEF = {cdef!r}\n")
+        code = ffi_module(f.read())
+    with open(sys.argv[2], "wb") as f:
+        f.write(code)
     return 0
 
 

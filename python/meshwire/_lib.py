@@ -1,22 +1,17 @@
 """libmeshwire through cffi's ABI mode: the declarations are meshwire.h's
-own (generated at build time into _cdef.py); the library is the one this
+own, parsed at build time (_ffi.py, cffi's out-of-line ABI mode: importing
+it parses nothing); the library is the one this
 copy of the package was made with (_libpath.py: the build tree's in
 build/python, the installed one after meson install or pip install), else
 whatever the dynamic linker finds by its soname.  Every function is looked
-up and every type parsed here, at import: nothing later takes cffi's lock
-(see _resolve_all)."""
+up and every type the binding names parsed here, at import."""
 from __future__ import annotations
 
 import os
 from typing import Optional
 
-from cffi import FFI
-
-from ._cdef import CDEF
+from ._ffi import ffi
 from ._libpath import LIB
-
-ffi = FFI()
-ffi.cdef(CDEF)
 
 SONAME = "libmeshwire.so.0"
 
@@ -34,11 +29,9 @@ lib = _load()
 
 
 def _resolve_all() -> None:
-    """Look up every function and constant of the library now.  cffi looks
-    a name up at its first use, under its own lock, which is not
-    reentrant; a finalizer the garbage collector runs while this thread
-    holds that lock (parsing a type, say) and that used a name for the
-    first time would wait for it for ever."""
+    """Look up every function and constant of the library now: a library
+    that lacks one (an older build) fails the import, not a later call, and
+    no finalizer ever runs the first lookup of a name."""
     for name in dir(lib):
         getattr(lib, name)
 
@@ -47,9 +40,8 @@ _resolve_all()
 
 
 class T:
-    """Every C type the binding names, parsed once, here: cffi parses a type
-    given as a string at its first use, under the same lock (see
-    _resolve_all), so nothing after import passes one."""
+    """Every C type the binding names, parsed once, here (by cffi's C
+    parser: the declarations themselves were parsed at build time)."""
     char_p = ffi.typeof("char *")
     chars = ffi.typeof("char[]")
     void_p = ffi.typeof("void *")
