@@ -22,7 +22,9 @@ serve_once() {
     local log
     log=$(mktemp)
     ${2:-$HELLO} -l "${A[-1]}:$1" >"$log" 2>&1 & server=$!
-    retry 20 grep -q listening "$log" || { cat "$log"; return 1; }
+    # (a Python server starts in seconds under emulation; one that never
+    # listens must not be left holding the device: the device test waits)
+    retry 60 grep -q listening "$log" || { cat "$log"; kill "$server"; return 1; }
     tail -f "$log" --pid=$server &
 }
 
