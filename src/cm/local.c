@@ -287,29 +287,28 @@ static int rv_new(struct mw__conn *c, uint64_t nonce)
     return 0;
 }
 
+/* Stop watching descriptor *@fd (its event *@ev, if any) and close it. */
+static void rv_close(struct mw__rendezvous *rv, int *fd, struct event **ev)
+{
+    if (*ev) {
+        mw__unwatch_fd(rv->c->ctx, *fd);
+        event_free(*ev);
+        *ev = NULL;
+    }
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
 static void rv_close_channel(struct mw__rendezvous *rv)
 {
-    if (rv->ev) {
-        mw__unwatch_fd(rv->c->ctx, rv->fd);
-        event_free(rv->ev);
-        rv->ev = NULL;
-    }
-    if (rv->fd >= 0)
-        close(rv->fd);
-    rv->fd = -1;
+    rv_close(rv, &rv->fd, &rv->ev);
     rv->got = 0;
 }
 
 static void rv_close_listener(struct mw__rendezvous *rv)
 {
-    if (rv->lev) {
-        mw__unwatch_fd(rv->c->ctx, rv->lfd);
-        event_free(rv->lev);
-        rv->lev = NULL;
-    }
-    if (rv->lfd >= 0)
-        close(rv->lfd);
-    rv->lfd = -1;
+    rv_close(rv, &rv->lfd, &rv->lev);
 }
 
 void mw__local_drop(struct mw__conn *c)

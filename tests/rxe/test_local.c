@@ -108,6 +108,24 @@ static bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
 
 /* --- a peer outside its loop while the other aborts ------------------------ */
 
+/* A child's server: a context of its own, listening on addrs[1]:@port (it
+ * writes @say on @fd once it listens, if @say), and the first connection
+ * accepted within 30 s, or NULL. */
+static mw_conn_t *accept_one(int port, int fd, char say, mw_ctx_t **ctx, mw_listener_t **l)
+{
+    mw_conn_t *c = NULL;
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", addrs[1], port);
+    if (mw_ctx_new(ctx, NULL, NULL) < 0)
+        return NULL;
+    if (mw_listen(*ctx, a, NULL, rxe_keep_first, &c, l) < 0 ||
+        (say && write(fd, &say, 1) != 1))
+        return NULL;
+    for (int i = 0; i < 3000 && !c; i++)
+        loop_for(*ctx, 10);
+    return c;
+}
+
 /* The sleeper (a process of its own): listen, accept one connection, export
  * REGION bytes of 0xbb and send the descriptor; say "asleep" on @fd and
  * sleep @ms outside the loop; then run the loop for 1.5 s (a same-host
@@ -117,16 +135,8 @@ static bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
 static int sleeper(int port, unsigned ms, int fd)
 {
     mw_ctx_t *ctx;
-    if (mw_ctx_new(&ctx, NULL, NULL) < 0)
-        return 2;
-    char a[64];
-    snprintf(a, sizeof a, "%s:%d", addrs[1], port);
-    mw_conn_t *c = NULL;
     mw_listener_t *l;
-    if (mw_listen(ctx, a, NULL, rxe_keep_first, &c, &l) < 0)
-        return 2;
-    for (int i = 0; i < 1000 && !c; i++)
-        loop_for(ctx, 10);
+    mw_conn_t *c = accept_one(port, fd, 0, &ctx, &l);
     uint8_t *mem = c ? mw_alloc(ctx, REGION) : NULL;
     mw_remote_t r;
     if (!mem || mw_mem_export(c, mem, REGION, &r) < 0)
@@ -156,6 +166,40 @@ static int next_port(void)
     return 21000 + (getpid() * 13 + n++ * 7) % 9000;
 }
 
+/* Start a sleeper (sleeping @sleep_ms once asleep) and connect to it with
+ * @o: the connection, its export's descriptor in *@r; *@pid the sleeper,
+ * *@said the pipe on which it says "asleep". */
+static mw_conn_t *connect_to_sleeper(mw_ctx_t *ctx, unsigned sleep_ms, const mw_conn_opts_t *o,
+                                     mw_remote_t *r, pid_t *pid, int *said)
+{
+    int port = next_port(), pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    char ps[16], ms[16], fs[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    snprintf(ms, sizeof ms, "%u", sleep_ms);
+    snprintf(fs, sizeof fs, "%d", pipefd[1]);
+    *pid = spawn((char *[]){self_path, "sleeper", ps, ms, fs, NULL});
+    close(pipefd[1]);
+    *said = pipefd[0];
+    mw_future_t *cf = NULL;
+    for (int i = 0; i < 100; i++) {          /* while the sleeper starts */
+        cf = rxe_connect_future(ctx, addrs[1], port, o);
+        if (mw_wait(cf) == 0)
+            break;
+        mw_future_unref(cf);
+        cf = NULL;
+        loop_for(ctx, 50);
+    }
+    assert_non_null(cf);
+    mw_conn_t *c = mw_future_value(cf);
+    mw_future_unref(cf);
+    mw_msg_t *m = rxe_recv(c, 5000);
+    assert_int_equal(m->len, sizeof *r);
+    memcpy(r, m->data, sizeof *r);
+    mw_msg_free(m);
+    return c;
+}
+
 /* A reads one half of the sleeper's region and writes the other from its
  * own buffers, aborts after 1 s, and reuses both buffers the moment the
  * futures fail.  Neither buffer may change after, nor may the sleeper's
@@ -167,35 +211,14 @@ static void abort_while_the_peer_sleeps(unsigned sleep_ms, unsigned bound_ms)
 {
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    int port = next_port(), pipefd[2];
-    assert_int_equal(pipe(pipefd), 0);
-    char ps[16], ms[16], fs[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    snprintf(ms, sizeof ms, "%u", sleep_ms);
-    snprintf(fs, sizeof fs, "%d", pipefd[1]);
-    pid_t pid = spawn((char *[]){self_path, "sleeper", ps, ms, fs, NULL});
-    close(pipefd[1]);
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.timeout_ms = bound_ms;
-    mw_future_t *cf = NULL;
-    for (int i = 0; i < 100; i++) {          /* while the sleeper starts */
-        cf = rxe_connect_future(ctx, addrs[1], port, &o);
-        if (mw_wait(cf) == 0)
-            break;
-        mw_future_unref(cf);
-        cf = NULL;
-        loop_for(ctx, 50);
-    }
-    assert_non_null(cf);
-    mw_conn_t *c = mw_future_value(cf);
-    mw_future_unref(cf);
-    mw_msg_t *m = rxe_recv(c, 5000);
     mw_remote_t r;
-    assert_int_equal(m->len, sizeof r);
-    memcpy(&r, m->data, sizeof r);
-    mw_msg_free(m);
-    assert_int_equal(from_child(pipefd[0], ctx, 5000), 's');   /* it sleeps now */
+    pid_t pid;
+    int said;
+    mw_conn_t *c = connect_to_sleeper(ctx, sleep_ms, &o, &r, &pid, &said);
+    assert_int_equal(from_child(said, ctx, 5000), 's');   /* it sleeps now */
     double asleep = now_s();
     uint8_t *rbuf = mw_alloc(ctx, HALF), *wbuf = mw_alloc(ctx, HALF);
     memset(rbuf, 0xaa, HALF);
@@ -238,7 +261,7 @@ static void abort_while_the_peer_sleeps(unsigned sleep_ms, unsigned bound_ms)
         assert_true(rr == 0 || rr == -ECONNABORTED);
         assert_true(wr == 0 || wr == -ECONNABORTED);
     }
-    close(pipefd[0]);
+    close(said);
     mw_free(ctx, rbuf);
     mw_free(ctx, wbuf);
     mw_ctx_free(ctx);
@@ -269,33 +292,14 @@ static void a_context_freed_while_its_peer_sleeps(void **state)
     (void)state;
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    int port = next_port(), pipefd[2];
-    assert_int_equal(pipe(pipefd), 0);
-    char ps[16], fs[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    snprintf(fs, sizeof fs, "%d", pipefd[1]);
-    pid_t pid = spawn((char *[]){self_path, "sleeper", ps, "3000", fs, NULL});
-    close(pipefd[1]);
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.timeout_ms = 1000;
-    mw_future_t *cf = NULL;
-    for (int i = 0; i < 100; i++) {
-        cf = rxe_connect_future(ctx, addrs[1], port, &o);
-        if (mw_wait(cf) == 0)
-            break;
-        mw_future_unref(cf);
-        cf = NULL;
-        loop_for(ctx, 50);
-    }
-    assert_non_null(cf);
-    mw_conn_t *c = mw_future_value(cf);
-    mw_future_unref(cf);
-    mw_msg_t *m = rxe_recv(c, 5000);
     mw_remote_t r;
-    memcpy(&r, m->data, sizeof r);
-    mw_msg_free(m);
-    assert_int_equal(from_child(pipefd[0], ctx, 5000), 's');
+    pid_t pid;
+    int said;
+    mw_conn_t *c = connect_to_sleeper(ctx, 3000, &o, &r, &pid, &said);
+    assert_int_equal(from_child(said, ctx, 5000), 's');
     uint8_t *buf = malloc(HALF);              /* the caller's memory, registered */
     memset(buf, 0xaa, HALF);
     mw_mr_t *mr;
@@ -321,7 +325,7 @@ static void a_context_freed_while_its_peer_sleeps(void **state)
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     assert_true(all_bytes(buf, HALF, 0xcc));
-    close(pipefd[0]);
+    close(said);
     free(buf);
 }
 
@@ -518,16 +522,8 @@ static int one_shot_server(int port, int fd, bool nodump)
     if (nodump && prctl(PR_SET_DUMPABLE, 0) < 0)
         return 2;
     mw_ctx_t *ctx;
-    if (mw_ctx_new(&ctx, NULL, NULL) < 0)
-        return 2;
-    char a[64];
-    snprintf(a, sizeof a, "%s:%d", addrs[1], port);
-    mw_conn_t *c = NULL;
     mw_listener_t *l;
-    if (mw_listen(ctx, a, NULL, rxe_keep_first, &c, &l) < 0 || write(fd, "l", 1) != 1)
-        return 2;
-    for (int i = 0; i < 3000 && !c; i++)
-        loop_for(ctx, 10);
+    mw_conn_t *c = accept_one(port, fd, 'l', &ctx, &l);
     if (!c)
         return 3;
     mw_msg_t *m = rxe_recv(c, 10000);
