@@ -175,20 +175,27 @@ static int on_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
     return mw__rdma_export_covers(c, rkey, addr, len) ? 0 : -EACCES;
 }
 
+static void no_disconnect(struct mw__conn *c)
+{
+    mw__conn_fail(c, -ECONNRESET, "the peer closed the same-host channel and no disconnect "
+                  "followed within %u ms", c->opts.keepalive_ms);
+}
+
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
     /* The peer closed its end (it closed the connection, or its process
      * ended): what it sent before is taken.  Its rdma_cm disconnect follows
      * (the kernel sends it for a process that dies too), and the connection
-     * ends by that, as on the device path, in the same order and with the
-     * same grace for completions; a peer whose disconnect never comes is
-     * covered by its process's exit (the pidfd), or, failing that, by the
-     * keepalive's deadline. */
-    if (err == -ECONNRESET && mw__conn_usable(c))
+     * ends by that, as on the device path, in the same order; should it
+     * never come, keepalive_ms later the connection fails anyway (no probe
+     * runs on this path to notice). */
+    if (err == -ECONNRESET && c->state == MW__CONN_ESTABLISHED) {
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %s", c->stats.remote, why);
-    else if (err != -ECONNRESET)
+        mw__conn_arm_timer_ms(c, no_disconnect, c->opts.keepalive_ms);
+    } else if (err != -ECONNRESET) {
         mw__conn_fail(c, err, "same-host channel: %s", why);
+    }
 }
 
 static const struct mw__lqp_ops lqp_ops = {on_access, on_ended};

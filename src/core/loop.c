@@ -165,8 +165,11 @@ int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
     if (rc == 0 && tv && l && ctx->own_base) {  /* a base of its own: mw_ctx_fd may cover it */
         uint64_t now = now_ns();
         uint64_t at = now + (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
-        while (l->nheap && l->heap[0] + 1000000000u <= now)
-            heap_pop(l);          /* long past: whatever it was has run */
+        /* With no descriptor, nothing pops: entries long past ran under
+         * the caller's own turns of the loop.  With one, only a turn of
+         * mw_ctx_progress that began past a deadline may drop it. */
+        while (l->epfd < 0 && l->nheap && l->heap[0] + 1000000000u <= now)
+            heap_pop(l);
         bool earliest = !l->nheap || at < l->heap[0];
         heap_push(l, at);
         if (earliest && l->epfd >= 0)   /* else mw_ctx_fd arms it */
@@ -291,10 +294,11 @@ int mw_ctx_progress(mw_ctx_t *ctx)
     }
     if (l->epfd < 0)
         return 0;
-    /* libevent fired every timer whose deadline is a slack past (above); a
-     * deadline not that far past yet keeps its wake-up */
-    uint64_t now = now_ns();
-    while (l->nheap && l->heap[0] + coarse_slack_ns() <= now)
+    /* libevent looked at its timers at the start of each turn: it fired
+     * every one due a slack (its coarse clock) before the first turn began,
+     * and no other -- a deadline that fell inside a long turn (a slow
+     * callback) is still ahead of it, so it keeps its wake-up */
+    while (l->nheap && l->heap[0] + coarse_slack_ns() <= t0)
         heap_pop(l);
     if (event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
         arm_timerfd(l, 1);        /* work left: readable again at once */

@@ -174,6 +174,50 @@ static void deadline_before_the_descriptor(void **state)
     mw_ctx_free(ctx);
 }
 
+/* A turn that runs long (a callback busy for 50 ms) must not lose a timer
+ * that came due during it: libevent looked at its timers before the
+ * callback ran, so the deadline is still ahead of it, and the descriptor
+ * has to wake for it (it once did not: a timer falling inside a long turn
+ * was counted as run, and with nothing else pending the loop slept for
+ * ever -- the Python binding's thousand awaits hung so, under load). */
+static void slow_then(mw_future_t *f, void *arg)
+{
+    (void)f;
+    ++*(int *)arg;
+    usleep(50000);
+}
+
+static void a_timer_due_inside_a_long_turn_still_wakes(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int fd = mw_ctx_fd(ctx);
+    int slow = 0, fired = 0;
+    mw_future_t *a = mw_future_new(ctx), *b = mw_future_new(ctx);
+    mw_future_set_timeout(a, 10);
+    mw_future_then(a, slow_then, &slow);
+    mw_future_set_timeout(b, 30);     /* due while a's callback runs */
+    mw_future_then(b, count_cb, &fired);
+    double t0 = now();
+    int ep = epoll_create1(0);
+    struct epoll_event e = {.events = EPOLLIN};
+    assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e), 0);
+    while (!fired && now() - t0 < 3) {
+        if (epoll_wait(ep, &e, 1, 3000) == 1)
+            assert_int_equal(mw_ctx_progress(ctx), 0);
+    }
+    double took = now() - t0;
+    printf("a timer due inside a 50 ms turn: fired after %.0f ms\n", took * 1000);
+    assert_int_equal(slow, 1);
+    assert_int_equal(fired, 1);
+    assert_true(took < 1.0);
+    mw_future_unref(a);
+    mw_future_unref(b);
+    close(ep);
+    mw_ctx_free(ctx);
+}
+
 /* --- threads ------------------------------------------------------------- */
 
 #define THREADS 4
@@ -414,6 +458,7 @@ int main(void)
         cmocka_unit_test(foreign_libevent_base),
         cmocka_unit_test(raw_epoll_loop),
         cmocka_unit_test(deadline_before_the_descriptor),
+        cmocka_unit_test(a_timer_due_inside_a_long_turn_still_wakes),
         cmocka_unit_test(wrong_thread_is_refused),
         cmocka_unit_test(four_threads_hand_off),
         cmocka_unit_test(ctx_free_from_a_callback_is_refused),
