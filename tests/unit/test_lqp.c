@@ -90,8 +90,9 @@ static void join(struct end *a, struct end *b)
             continue;
         assert_int_equal(mw_ctx_new(&e[i]->ctx, NULL, NULL), 0);
         assert_int_equal(mw__lqp_new(e[i]->ctx, &ops, e[i], BOUND_MS, &e[i]->q), 0);
+        /* (valgrind 3.19 knows no pidfd_open: then none, which works too) */
         int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-        assert_true(pidfd >= 0);
+        assert_true(pidfd >= 0 || errno == ENOSYS);
         assert_int_equal(mw__lqp_attach(e[i]->q, sv[i], getpid(), pidfd, NULL), 0);
         assert_int_equal(mw__lqp_peer(e[i]->q), getpid());
     }
@@ -612,6 +613,11 @@ static char self_path[4096];
 static void a_dead_peer_is_noticed_by_its_pidfd(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    skip();                       /* its shadow memory takes the fixed address */
+#endif
+    if (syscall(SYS_pidfd_open, getpid(), 0) < 0 && errno == ENOSYS)
+        skip();                   /* valgrind 3.19 */
     struct fx f = {0};
     f.b.memlen = 1 << 20;
     f.b.mem = calloc(1, f.b.memlen);
