@@ -376,8 +376,10 @@ FRESH = """
 """
 
 
+# one loop: what it checks happens below the loop (each run is a fresh
+# interpreter, seconds under emulation)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", ["asyncio"])
 def test_a_view_released_in_a_collection_naming_new_types(loop, transport):
     """The freeze as reported (connect, one recv, then the first alloc): a
     message's view released by a collection while cffi parses a type name
@@ -438,8 +440,10 @@ async def test_async_for_ends_when_the_listener_closes_and_raises_otherwise():
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")),
                     reason="needs root, setpriv and prlimit (to run as another user)")
+# one loop: what it checks happens below the loop (each run is a fresh
+# interpreter, seconds under emulation)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", ["asyncio"])
 def test_too_little_memlock_says_so(loop, transport):
     """A process without CAP_IPC_LOCK under Debian's default RLIMIT_MEMLOCK
     (8 MiB: less than a context and a connection pin) cannot connect; the
