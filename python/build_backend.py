@@ -1,8 +1,9 @@
 """The PEP 517 backend behind `pip install ./python` (pyproject.toml).
 
 It makes the wheel of the package meshwire for the libmeshwire that
-pkg-config finds: the installed one after `meson install -C build`, or a
-build tree's with PKG_CONFIG_PATH=build/meson-uninstalled.  The wheel's
+pkg-config finds: the one PKG_CONFIG_PATH or the system's paths name (the
+installed one after `meson install -C build`), else this checkout's build
+tree, `build/` beside this directory.  The wheel's
 _ffi.py is generated from that library's meshwire.h and its _libpath.py
 names that library's file, so the package loads exactly the library it was
 made for, with no environment variable.  Standard library only, and
@@ -24,16 +25,30 @@ HERE = Path(__file__).resolve().parent
 SONAME = "libmeshwire.so.0"
 
 
-def _pkgconfig(*args: str) -> list[str]:
+CHECKOUT_BUILD = HERE.parent / "build" / "meson-uninstalled"
+
+
+def _run_pkgconfig(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess:
     try:
-        r = subprocess.run(["pkg-config", *args, "meshwire"], capture_output=True, text=True)
+        return subprocess.run(["pkg-config", *args, "meshwire"], capture_output=True,
+                              text=True, env=env)
     except FileNotFoundError:
         raise RuntimeError("pkg-config is not installed: it finds libmeshwire for this build") from None
+
+
+def _pkgconfig(*args: str) -> list[str]:
+    """pkg-config's answer for meshwire: where it looks by itself first, then
+    this checkout's build tree (so `pip install ./python` after the README's
+    build needs no variable set)."""
+    r = _run_pkgconfig(args, dict(os.environ))
+    if r.returncode and CHECKOUT_BUILD.is_dir():
+        env = dict(os.environ, PKG_CONFIG_PATH=str(CHECKOUT_BUILD))
+        r = _run_pkgconfig(args, env)
     if r.returncode:
         raise RuntimeError(
-            f"pkg-config finds no libmeshwire ({r.stderr.strip()}): install it first "
-            "(meson install -C build), or set PKG_CONFIG_PATH=BUILD/meson-uninstalled "
-            "to use a build tree")
+            f"pkg-config finds no libmeshwire ({r.stderr.strip()}), nor is there a build "
+            f"in {CHECKOUT_BUILD.parent}: build it (meson setup build && ninja -C build), "
+            "install it (meson install -C build), or set PKG_CONFIG_PATH=BUILD/meson-uninstalled")
     return r.stdout.split()
 
 
