@@ -7,7 +7,6 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
-#include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/dev.h"
@@ -129,7 +128,7 @@ static void cm_device_event(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
     struct mw__cm *cm = state;
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link) {
-        if (c->dev != dev || !c->id || !c->id->qp)
+        if (c->path.dev != dev || !c->id || !c->id->qp)
             continue;
         if (!ev) {
             mw__conn_fail(c, -EIO, "RDMA device %s: %s", dev->name, why);
@@ -154,15 +153,8 @@ static void cm_device_ready(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int
     (void)ctx;
     struct mw__cm *cm = state;
     struct mw__conn *c;
-    mw__list_for_each(c, &cm->conns, link) {
-        if (!c->dev_wait || c->dev != dev)
-            continue;
-        c->dev_wait = false;
-        if (c->side == MW__SIDE_ACTIVE)
-            mw__connect_device_ready(c, err);
-        else
-            mw__accept_device_ready(c, err);
-    }
+    mw__list_for_each(c, &cm->conns, link)
+        mw__conn_device_ready(c, dev, err);
 }
 
 static void cm_teardown(mw_ctx_t *ctx, void *state)
@@ -177,12 +169,12 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
      * let the flushes reach their operations. */
     uint64_t until = 0;
     mw__list_for_each(c, &cm->conns, link) {
-        if (mw__lqp_quiescing(c->lqp) && mw__now_ms() + c->opts.timeout_ms > until)
+        if (c->path.tp->quiescing(c) && mw__now_ms() + c->opts.timeout_ms > until)
             until = mw__now_ms() + c->opts.timeout_ms;
     }
     mw__list_for_each(c, &cm->conns, link) {
-        if (mw__lqp_quiescing(c->lqp))
-            mw__lqp_settle(c->lqp, until);
+        if (c->path.tp->quiescing(c))
+            c->path.tp->settle(c, until);
     }
     while (ctx->defer_head)
         mw__run_deferred(ctx);

@@ -11,6 +11,8 @@
 
 #include "core/ctx.h"
 #include "core/list.h"
+#include "cm/flow.h"
+#include "cm/transport.h"
 #include "cm/wire.h"
 
 #define MW__LAYER_CM 0
@@ -85,7 +87,7 @@ struct mw__listener {
 enum mw__xfer_kind { MW__XFER_SEND, MW__XFER_RDMA };
 
 struct mw__xfer {
-    struct mw__list link;         /* in c->queue */
+    struct mw__list link;         /* in c->xfers.queue */
     struct mw__conn *c;
     enum mw__xfer_kind kind;
     mw_future_t *f;               /* NULL once completed (early, by a cancel) */
@@ -156,26 +158,61 @@ struct mw__waiter {               /* an mw_recv waiting for a message */
     struct mw__conn *c;
 };
 
-struct mw__conn {
-    enum mw__cm_kind kind;        /* first: rdma_cm id context */
-    uint64_t h;                   /* the caller's handle; 0 once released */
-    mw_ctx_t *ctx;
-    struct mw__list link;         /* in cm->conns */
-    enum mw__conn_side side;
-    enum mw__conn_owner owner;
-    enum mw__conn_state state;    /* change through mw__conn_set_state */
-    struct rdma_cm_id *id;
+/* What carries a connection's work: the device and the queue pair's
+ * protection domain (conn.c sets them up), the transport posts go to
+ * (transport.h) with its part, and the count of what is in flight on it
+ * (transport.c alone changes that). */
+struct mw__path {
     struct mw__dev *dev;
     struct mw__pd *pd;            /* its own: its keys work on no other QP */
-    struct mw__lqp *lqp;          /* the same-host path: posts go here, not
-                                     to the QP (local.c) */
-    struct mw__rendezvous *rv;    /* same-host: the channel's setup (local.c) */
-    mw_conn_opts_t opts;
-    struct event *timer;          /* the current step's deadline */
-    void (*timer_fn)(struct mw__conn *c);
-    int err;                      /* why it broke (0 while healthy) */
-    char why[160];
+    int cqe_reserved;             /* CQ entries reserved on dev */
+    const struct mw__transport *tp;
+    struct mw__lqp *lqp;          /* mw__transport_local's queue pair */
+    struct mw__rendezvous *rv;    /* its channel's setup (local.c) */
+    unsigned wr_out;              /* work requests posted, not completed */
+    unsigned recv_out;            /* ... of which receives */
+};
 
+/* Two-sided messages (msg.c receives, send.c sends): registered slots and
+ * the messages in and out of them. */
+struct mw__msgs {
+    unsigned max_frag;            /* payload bytes per fragment */
+    uint8_t *recv_mem, *send_mem; /* registered */
+    struct mw__recv_slot *slots;  /* opts.credits receive slots */
+    unsigned *free_send;          /* stack of free send slot indexes */
+    unsigned nfree_send, nsend;
+    unsigned *early;              /* slots filled before we were established, */
+    unsigned nearly;              /* in arrival order: taken once we are */
+    struct mw__task early_task;
+    uint64_t next_msg_id;
+    struct mw__list recv_waiters; /* struct mw__waiter, in order */
+    struct mw__list inbox;        /* struct mw__msgq not yet asked for */
+    unsigned inbox_len;
+    struct { uint8_t *buf; uint64_t id, total, got; bool active; } rx;
+};
+
+/* The operations in issue order (queue.c) and the one-sided chunks of
+ * them in flight (rdma.c). */
+struct mw__xfers {
+    struct mw__list queue;        /* struct mw__xfer, in issue order */
+    struct event *pump_ev;        /* zero timer: post more next turn */
+    unsigned rdma_out;            /* chunks in flight */
+    unsigned reads_out;           /* of which RDMA READs */
+    unsigned max_reads;           /* the QP's reads in flight (max_rd_atomic) */
+    uint64_t max_msg;             /* the port's max message size */
+};
+
+/* Whether the peer still answers (keepalive.c). */
+struct mw__keepalive {
+    struct event *probe_ev;       /* armed while anything waits */
+    struct mw__op *probe_op;      /* the probe in flight, if any */
+    uint64_t peer_heard, heard_at_probe;   /* receives and completions: the
+                                             peer answered */
+};
+
+/* What only the setup of a connection needs: made with it, freed when it is
+ * handed over (connect.c and listen.c use it; conn.c owns its life). */
+struct mw__conn_setup {
     /* active side: the addresses to try, and the connect future */
     mw_future_t *connect_f;
     struct sockaddr_storage *peers;
@@ -184,60 +221,54 @@ struct mw__conn {
     int attempt_err;              /* the error to report when all failed:
                                      a refusal wins, then a timeout */
 
-    /* passive side: the listener it came through, until handed over */
+    /* passive side: the listener it came through */
     struct mw__listener *listener;
-    bool dev_wait;                /* setup paused: the device registers memory */
-
-    /* the peer's handshake: its receive slots are our send credits */
-    struct mw__hello peer;
-    uint8_t peer_rd_depth;        /* passive: the RDMA reads the peer asked to
-                                     have outstanding, and will serve */
+    uint8_t peer_rd_depth;        /* the RDMA reads the peer asked to have
+                                     outstanding, and will serve */
     uint8_t peer_rd_resources;
-    unsigned send_credits;        /* peer slots free for us */
-    unsigned credits_owed;        /* our slots reposted, not yet told */
-    unsigned max_frag;            /* payload bytes per fragment */
-    uint64_t max_msg;             /* the port's max message size */
 
-    /* registered buffers */
-    uint8_t *recv_mem, *send_mem;
-    struct mw__recv_slot *slots;  /* opts.credits receive slots */
-    unsigned *free_send;          /* stack of free send slot indexes */
-    unsigned nfree_send, nsend;
-    unsigned slots_parked;        /* receive slots held back: flow control */
-    unsigned *early;              /* slots filled before we were established, */
-    unsigned nearly;              /* in arrival order: taken once we are */
-    struct mw__task early_task;
+    bool dev_wait;                /* paused: the device registers memory */
+};
 
-    /* operations */
-    uint64_t next_msg_id;
-    struct mw__list queue;        /* struct mw__xfer, in issue order */
-    struct mw__list recv_waiters; /* struct mw__waiter, in order */
-    struct mw__list inbox;        /* struct mw__msgq not yet asked for */
-    unsigned inbox_len;
-    struct { uint8_t *buf; uint64_t id, total, got; bool active; } rx;
-    unsigned rdma_out;            /* chunks in flight */
-    unsigned reads_out;           /* of which RDMA READs */
-    unsigned max_reads;           /* the QP's reads in flight (max_rd_atomic) */
-    unsigned wr_out;              /* work requests posted, not completed */
-    unsigned recv_out;            /* ... of which receives */
+/* A connection: a small base (identity, state, error, stats) and its parts,
+ * each changed by the files named at its type: the setup's (while set up),
+ * the path that carries its work, the credits, messages, operations and
+ * the keepalive. */
+struct mw__conn {
+    enum mw__cm_kind kind;        /* first: rdma_cm id context */
+    uint64_t h;                   /* the caller's handle; 0 once released */
+    mw_ctx_t *ctx;
+    struct mw__list link;         /* in cm->conns */
+    enum mw__conn_side side;
+    enum mw__conn_owner owner;
+    enum mw__conn_state state;    /* change through mw__conn_set_state */
+    int err;                      /* why it broke (0 while healthy) */
+    char why[160];
     bool peer_left;               /* its disconnect came while our sends were
                                      out: waiting for their completions */
-    struct event *pump_ev;        /* zero timer: post more next turn */
-    struct event *probe_ev;       /* keepalive while anything waits */
-    struct mw__op *probe_op;      /* the probe in flight, if any */
-    uint64_t peer_heard, heard_at_probe;   /* receives and completions: the
-                                             peer answered (keepalive.c) */
-    uint64_t credit_wait_since;   /* ms, when the queue's head began to wait
-                                     for credits (0: it does not) */
-    struct mw__conn_export *exports; /* standing or withdrawn, mw_mem_export */
-    mw_future_t *close_f;
     bool disconnected;            /* rdma_disconnect done (or the peer's) */
-    int cqe_reserved;             /* CQ entries reserved on dev */
+    mw_conn_opts_t opts;
+    struct mw__hello peer;        /* the peer's handshake */
+    struct rdma_cm_id *id;
+    struct {                      /* the current step's deadline */
+        struct event *ev;
+        void (*fn)(struct mw__conn *c);
+    } deadline;
+    mw_future_t *close_f;
     struct mw__task finish_task;  /* frees the conn from the loop */
-    mw_imm_fn imm_fn;
-    void *imm_arg;
-
+    struct {                      /* mw_conn_on_imm's */
+        mw_imm_fn fn;
+        void *arg;
+    } on_imm;
     mw_conn_stats_t stats;
+
+    struct mw__conn_setup *setup; /* until handed over, then NULL */
+    struct mw__path path;         /* what carries its work */
+    struct mw__flow flow;         /* credits: flow.c alone writes them */
+    struct mw__msgs msgs;
+    struct mw__xfers xfers;
+    struct mw__keepalive keepalive;
+    struct mw__conn_export *exports; /* standing or withdrawn, mw_mem_export */
 };
 
 /* Whether @c is still being set up (before ESTABLISHED). */
@@ -257,24 +288,10 @@ static inline bool mw__conn_usable(const struct mw__conn *c)
  * ever name it again once its queue pair is gone. */
 static inline bool mw__conn_drained(const struct mw__conn *c)
 {
-    return c->wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
+    return c->path.wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
 }
 
-/* mw__conn_send_completed() - @n send-side work requests of @c came back:
- * every completion handler of some calls this once per completion. */
 void mw__conn_peer_left_settle(struct mw__conn *c);
-static inline void mw__conn_send_completed(struct mw__conn *c, unsigned n)
-{
-    c->wr_out -= n;
-    c->peer_heard++;              /* acknowledged by the peer (or failing) */
-    if (c->peer_left && c->wr_out == c->recv_out)
-        mw__conn_peer_left_settle(c);
-}
-
-/* mw__conn_post_send() / mw__conn_post_recv() - post on @c's queue pair,
- * or its local one (the same-host path): as ibv_post_send/ibv_post_recv. */
-int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
-int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 
 /* local.c: the same-host path.  mw__local_transport() applies MW_TRANSPORT
  * to options (-EINVAL: a value it does not know).  The connecting side
@@ -284,8 +301,8 @@ int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_re
  * takes an offer (mw__local_take, once the peer's hello is in) and, before
  * accepting, sets the channel up (mw__local_rendezvous: 1 when it runs,
  * calling mw__accept_local_ready() once decided, 0 when there is nothing to
- * do).  mw__local_hello() puts the offer or answer in a handshake;
- * mw__local_drop() ends a rendezvous.  0 or -errno (with @why). */
+ * do).  mw__local_hello() puts the offer or answer in a handshake.  0 or
+ * -errno (with @why).  The channel's transport is mw__transport_local. */
 uint64_t mw__host_identity(void);
 int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o);
 int mw__local_offer(struct mw__conn *c);
@@ -293,7 +310,6 @@ int mw__local_take(struct mw__conn *c);
 int mw__local_rendezvous(struct mw__conn *c);
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h);
 int mw__local_established(struct mw__conn *c, char *why, size_t cap);
-void mw__local_drop(struct mw__conn *c);
 
 /* cm.c */
 struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
@@ -326,12 +342,16 @@ void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s);
 /* mw__conn_hand_over() - the caller holds @c from now on. */
 void mw__conn_hand_over(struct mw__conn *c);
 /* device, QP, buffers, receives; on failure @why says what ran out.
- * -EINPROGRESS: the device is still registering memory (c->dev_wait set):
+ * -EINPROGRESS: the device is still registering memory (c->setup->dev_wait set):
  * the side's device_ready continues the setup. */
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
+/* @dev, registering memory, is ready (or failed): @c goes on if it waited. */
+void mw__conn_device_ready(struct mw__conn *c, struct mw__dev *dev, int err);
 void mw__connect_device_ready(struct mw__conn *c, int err);   /* connect.c */
 void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */
 void mw__accept_local_ready(struct mw__conn *c, int err);     /* listen.c */
+/* connect.c: the connect's future fails with @err and @why (if it waits). */
+void mw__connect_fail(struct mw__conn *c, int err, const char *why);
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
                     struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
@@ -346,6 +366,10 @@ int mw__conn_arm_timer_ms(struct mw__conn *c, void (*fn)(struct mw__conn *c), un
 void mw__conn_disarm_timer(struct mw__conn *c);
 void mw__conn_maybe_finish(struct mw__conn *c);
 void mw__conn_drop_attempt(struct mw__conn *c);    /* active: forget a failed try */
+/* @c's rdma_cm id is @id from now on (its events name @c). */
+void mw__conn_take_id(struct mw__conn *c, struct rdma_cm_id *id);
+/* The setup was refused with @err (the peer told): @c goes once drained. */
+void mw__conn_refused(struct mw__conn *c, int err);
 /* rdma.c: the registrations of mw_mem_export go with the QP */
 void mw__rdma_drop_exports(struct mw__conn *c);
 /* mw__rdma_export_covers() - whether an export of @c standing under @rkey
@@ -409,6 +433,9 @@ int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *defe
 int mw__rdma_pump(struct mw__conn *c, struct mw__rdma *r, int budget, bool *deferred,
                   bool *no_credit);
 int mw__msg_return_credits(struct mw__conn *c);    /* a credit-only fragment */
+/* The send slots, once the peer's slot count and size are known. */
+int mw__send_slots_new(struct mw__conn *c);
+void mw__send_slots_free(struct mw__conn *c);
 void mw__recv_fail_all(struct mw__conn *c, int err, const char *why);
 int mw__msg_post_recvs(struct mw__conn *c);
 /* mw__msg_repost_recvs() - the receives kept for a same-host path the
@@ -424,5 +451,9 @@ void mw__msg_take_early(struct mw__conn *c);
 /* keepalive.c: while anything waits on the peer, probe it when it is
  * silent; fail a send that waits for credits too long. */
 void mw__keepalive_arm(struct mw__conn *c);
+/* The peer answered: a receive or a completion of ours came. */
+void mw__keepalive_heard(struct mw__conn *c);
+/* The probe's record is gone with the queue pair's (nothing comes back). */
+void mw__keepalive_drop(struct mw__conn *c);
 
 #endif

@@ -10,7 +10,6 @@
 #include <event2/event.h>
 
 #include "cm/cm.h"
-#include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/check.h"
@@ -116,10 +115,20 @@ void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s)
     c->state = s;
 }
 
+static void setup_free(struct mw__conn *c)
+{
+    if (!c->setup)
+        return;
+    mw__free(c->setup->peers);
+    mw__free(c->setup);
+    c->setup = NULL;
+}
+
 void mw__conn_hand_over(struct mw__conn *c)
 {
     MW__CHECK(c->ctx, c->owner == MW__OWNER_PENDING && c->state == MW__CONN_ESTABLISHED);
     c->owner = MW__OWNER_CALLER;
+    setup_free(c);
 }
 
 static void finish_task(struct mw__task *t)
@@ -148,7 +157,9 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     struct mw__conn *c = mw__calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
-    if (!(c->h = mw__handle_new(MW__H_CONN, c, mw__loop_thread(ctx)))) {
+    c->setup = mw__calloc(1, sizeof *c->setup);
+    if (!c->setup || !(c->h = mw__handle_new(MW__H_CONN, c, mw__loop_thread(ctx)))) {
+        mw__free(c->setup);
         mw__free(c);
         return -ENOMEM;
     }
@@ -158,11 +169,11 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     c->owner = MW__OWNER_PENDING;
     c->state = side == MW__SIDE_ACTIVE ? MW__CONN_RESOLVING_ADDR : MW__CONN_ACCEPTING;
     c->opts = o;
-    c->stats.transport = MW_TRANSPORT_RDMA;
+    mw__conn_set_transport(c, &mw__transport_rdma);
     c->finish_task.fn = finish_task;
-    mw__list_init(&c->queue);
-    mw__list_init(&c->recv_waiters);
-    mw__list_init(&c->inbox);
+    mw__list_init(&c->xfers.queue);
+    mw__list_init(&c->msgs.recv_waiters);
+    mw__list_init(&c->msgs.inbox);
     mw__list_add_tail(&cm->conns, &c->link);
     *cp = c;
     return 0;
@@ -172,7 +183,7 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
 
 static int create_qp(struct mw__conn *c, char *why, size_t cap)
 {
-    struct mw__dev *dev = c->dev;
+    struct mw__dev *dev = c->path.dev;
     unsigned send_wr = c->opts.credits + c->opts.max_rdma_inflight + 1;
     unsigned recv_wr = c->opts.credits;
     if ((int)send_wr > dev->attr.max_qp_wr || (int)recv_wr > dev->attr.max_qp_wr) {
@@ -187,7 +198,7 @@ static int create_qp(struct mw__conn *c, char *why, size_t cap)
                  dev->attr.max_cqe, mw_strerror(rc));
         return rc;
     }
-    c->cqe_reserved = (int)(send_wr + recv_wr);
+    c->path.cqe_reserved = (int)(send_wr + recv_wr);
     struct ibv_cq *cq = dev->cq->cq;
     struct ibv_qp_init_attr a = {
         .qp_context = c,              /* the device's async events name it */
@@ -197,12 +208,12 @@ static int create_qp(struct mw__conn *c, char *why, size_t cap)
         .cap = {.max_send_wr = send_wr, .max_recv_wr = recv_wr,
                 .max_send_sge = 1, .max_recv_sge = 1},
     };
-    if ((rc = mw__pd_new(c->ctx, dev, &c->pd)) < 0) {
+    if ((rc = mw__pd_new(c->ctx, dev, &c->path.pd)) < 0) {
         snprintf(why, cap, "cannot allocate a protection domain on %s: %s", dev->name,
                  mw_strerror(rc));
         return rc;
     }
-    if (rdma_create_qp(c->id, c->pd->pd, &a) == 0)
+    if (rdma_create_qp(c->id, c->path.pd->pd, &a) == 0)
         return 0;
     rc = errno ? -errno : -ENOMEM;
     snprintf(why, cap, "cannot create a queue pair on %s: %s", dev->name, mw_strerror(rc));
@@ -216,37 +227,48 @@ static int set_ack_timeout(struct mw__conn *c, char *why, size_t cap)
     unsigned us = c->opts.ack_timeout_us;
     if (us == MW_ACK_TIMEOUT_PATH)
         return 0;
-    uint8_t t = us ? ack_timeout_exp(us) : c->dev->soft_roce ? MW__ACK_EXP_SOFT_ROCE
+    uint8_t t = us ? ack_timeout_exp(us) : c->path.dev->soft_roce ? MW__ACK_EXP_SOFT_ROCE
                                                              : MW__ACK_EXP_NIC;
     if (rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t) == 0)
         return 0;
     int rc = -errno;
-    snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->dev->name, mw_strerror(rc));
+    snprintf(why, cap, "cannot set the ACK timeout on %s: %s", c->path.dev->name, mw_strerror(rc));
     return rc;
+}
+
+void mw__conn_device_ready(struct mw__conn *c, struct mw__dev *dev, int err)
+{
+    if (!c->setup || !c->setup->dev_wait || c->path.dev != dev)
+        return;
+    c->setup->dev_wait = false;
+    if (c->side == MW__SIDE_ACTIVE)
+        mw__connect_device_ready(c, err);
+    else
+        mw__accept_device_ready(c, err);
 }
 
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
 {
-    int rc = mw__dev_get(c->ctx, c->id->verbs, &c->dev);
+    int rc = mw__dev_get(c->ctx, c->id->verbs, &c->path.dev);
     if (rc < 0) {
         snprintf(why, cap, "cannot open the RDMA device: %s", mw_strerror(rc));
         return rc;
     }
-    snprintf(c->stats.device, sizeof c->stats.device, "%s", c->dev->name);
-    if (!c->dev->ready) {
-        c->dev_wait = true;
-        snprintf(why, cap, "waiting for %s to register memory", c->dev->name);
+    snprintf(c->stats.device, sizeof c->stats.device, "%s", c->path.dev->name);
+    if (!c->path.dev->ready) {
+        c->setup->dev_wait = true;
+        snprintf(why, cap, "waiting for %s to register memory", c->path.dev->name);
         return -EINPROGRESS;
     }
     mw__addr_str(rdma_get_local_addr(c->id), c->stats.local, sizeof c->stats.local);
     mw__addr_str(rdma_get_peer_addr(c->id), c->stats.remote, sizeof c->stats.remote);
     struct ibv_port_attr pa;
     if ((rc = -ibv_query_port(c->id->verbs, c->id->port_num, &pa)) < 0) {
-        snprintf(why, cap, "cannot query %s port %u: %s", c->dev->name, c->id->port_num,
+        snprintf(why, cap, "cannot query %s port %u: %s", c->path.dev->name, c->id->port_num,
                  mw_strerror(rc));
         return rc;
     }
-    c->max_msg = pa.max_msg_sz;
+    c->xfers.max_msg = pa.max_msg_sz;
     if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
     if ((rc = set_ack_timeout(c, why, cap)) < 0)
@@ -260,7 +282,7 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     }
     if ((rc = mw__msg_post_recvs(c)) < 0)
         snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
-                 c->opts.credits, c->opts.slot_size, c->dev->name, mw_strerror(rc));
+                 c->opts.credits, c->opts.slot_size, c->path.dev->name, mw_strerror(rc));
     return rc;
 }
 
@@ -285,6 +307,7 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
                     struct rdma_conn_param *p)
 {
     bool passive = c->side == MW__SIDE_PASSIVE;
+    const struct mw__conn_setup *s = c->setup;   /* only setting up */
     struct mw__hello h = {
         .magic = MW__HELLO_MAGIC,
         .version = MW__HELLO_VERSION,
@@ -297,10 +320,10 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
     int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
     *p = (struct rdma_conn_param){
         .private_data = pd, .private_data_len = (uint8_t)len,
-        .responder_resources = rd_atoms(c->dev->attr.max_qp_rd_atom,
-                                        passive ? c->peer_rd_depth : MAX_RD_ATOMS),
-        .initiator_depth = rd_atoms(c->dev->attr.max_qp_init_rd_atom,
-                                    passive ? c->peer_rd_resources : MAX_RD_ATOMS),
+        .responder_resources = rd_atoms(c->path.dev->attr.max_qp_rd_atom,
+                                        passive ? s->peer_rd_depth : MAX_RD_ATOMS),
+        .initiator_depth = rd_atoms(c->path.dev->attr.max_qp_init_rd_atom,
+                                    passive ? s->peer_rd_resources : MAX_RD_ATOMS),
         .retry_count = (uint8_t)c->opts.retry_count,
         .rnr_retry_count = (uint8_t)c->opts.rnr_retry,
     };
@@ -313,22 +336,12 @@ int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, con
         return rc;
     /* Our send slots: as many as the peer has receive slots, sized to the
      * smaller of the two slot sizes. */
-    c->nsend = c->peer.credits < c->opts.credits ? c->peer.credits : c->opts.credits;
-    c->send_credits = c->nsend;
+    c->msgs.nsend = c->peer.credits < c->opts.credits ? c->peer.credits : c->opts.credits;
+    mw__flow_init(&c->flow, c->ctx, c->msgs.nsend, c->opts.credits);
     unsigned slot = c->peer.slot_size < c->opts.slot_size ? c->peer.slot_size : c->opts.slot_size;
-    c->max_frag = slot - MW__FRAG_HDR_LEN;
+    c->msgs.max_frag = slot - MW__FRAG_HDR_LEN;
     c->stats.peer_max_msg = c->peer.max_msg;
     return 0;
-}
-
-int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
-{
-    return c->lqp ? mw__lqp_post_send(c->lqp, wr, bad) : ibv_post_send(c->id->qp, wr, bad);
-}
-
-int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-    return c->lqp ? mw__lqp_post_recv(c->lqp, wr, bad) : ibv_post_recv(c->id->qp, wr, bad);
 }
 
 /* --- timers -------------------------------------------------------------- */
@@ -338,16 +351,16 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct mw__conn *c = arg;
-    c->timer_fn(c);
+    c->deadline.fn(c);
 }
 
 int mw__conn_arm_timer_ms(struct mw__conn *c, void (*fn)(struct mw__conn *c), unsigned ms)
 {
-    if (!c->timer && !(c->timer = evtimer_new(c->ctx->base, on_timer, c)))
+    if (!c->deadline.ev && !(c->deadline.ev = evtimer_new(c->ctx->base, on_timer, c)))
         return -ENOMEM;
-    c->timer_fn = fn;
+    c->deadline.fn = fn;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    mw__ev_add(c->ctx, c->timer, &tv);
+    mw__ev_add(c->ctx, c->deadline.ev, &tv);
     return 0;
 }
 
@@ -358,8 +371,8 @@ void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c))
 
 void mw__conn_disarm_timer(struct mw__conn *c)
 {
-    if (c->timer)
-        evtimer_del(c->timer);
+    if (c->deadline.ev)
+        evtimer_del(c->deadline.ev);
 }
 
 /* --- established, broken, closed ----------------------------------------- */
@@ -378,18 +391,6 @@ static void query_retries(struct mw__conn *c)
     c->stats.rnr_retry = a.rnr_retry;
 }
 
-static int alloc_send_slots(struct mw__conn *c)
-{
-    size_t slot = c->max_frag + MW__FRAG_HDR_LEN;
-    c->send_mem = mw_alloc(c->ctx, c->nsend * slot);
-    c->free_send = mw__calloc(c->nsend, sizeof *c->free_send);
-    if (!c->send_mem || !c->free_send)
-        return -ENOMEM;
-    for (unsigned i = 0; i < c->nsend; i++)
-        c->free_send[c->nfree_send++] = c->nsend - 1 - i;
-    return 0;
-}
-
 /* The RDMA reads this QP may have in flight: on rxe one (core/dev.h says
  * why; the handshake cannot ask for it: the connecting side's depth comes
  * from the peer's answer), else as negotiated (more would only wait in the
@@ -398,7 +399,7 @@ static unsigned reads_in_flight(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
-    if (c->dev->soft_roce)
+    if (c->path.dev->soft_roce)
         return MW__RXE_READS;
     if (ibv_query_qp(c->id->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC, &ia) || a.max_rd_atomic < 1)
         return 1;
@@ -408,20 +409,20 @@ static unsigned reads_in_flight(struct mw__conn *c)
 void mw__conn_established(struct mw__conn *c)
 {
     mw__conn_disarm_timer(c);
-    c->max_reads = reads_in_flight(c);
+    c->xfers.max_reads = reads_in_flight(c);
     query_retries(c);
-    int rc = alloc_send_slots(c);
+    int rc = mw__send_slots_new(c);
     if (rc < 0) {
         mw__conn_fail(c, rc, "no memory for send slots");
         return;
     }
     mw__conn_set_state(c, MW__CONN_ESTABLISHED);
-    c->ctx->stats.local_connections += c->lqp != NULL;
+    c->ctx->stats.local_connections += c->stats.transport == MW_TRANSPORT_LOCAL;
     mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s%s (credits %u, fragment %u bytes, "
            "%u reads in flight, ACK timeout %llu us, retries %u)", c->stats.local,
-           c->stats.remote, c->stats.device, c->lqp ? ", data over the same-host path" : "",
-           c->nsend, c->max_frag, c->max_reads,
+           c->stats.remote, c->stats.device, c->path.tp->via,
+           c->msgs.nsend, c->msgs.max_frag, c->xfers.max_reads,
            (unsigned long long)c->stats.ack_timeout_us, c->stats.retry_count);
     mw__conn_pump(c);
 }
@@ -434,11 +435,8 @@ static void fail_pending(struct mw__conn *c, int err)
     snprintf(why, sizeof why, "%s%s%s", c->stats.remote, c->stats.remote[0] ? ": " : "", c->why);
     mw__queue_fail_all(c, err, why);
     mw__recv_fail_all(c, err, why);
-    if (c->connect_f) {
-        mw_future_fail(c->connect_f, err, "%s", why);
-        mw_future_unref(c->connect_f);
-        c->connect_f = NULL;
-    }
+    if (c->setup && c->side == MW__SIDE_ACTIVE)
+        mw__connect_fail(c, err, why);
 }
 
 static void disconnect(struct mw__conn *c)
@@ -449,8 +447,7 @@ static void disconnect(struct mw__conn *c)
     /* Moves the QP to the error state: everything posted comes back as a
      * flush, and the final teardown waits for exactly that. */
     rdma_disconnect(c->id);
-    if (c->lqp)                   /* the same: and its socket closes */
-        mw__lqp_error(c->lqp);
+    c->path.tp->stop(c);
 }
 
 void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
@@ -508,13 +505,10 @@ void mw__conn_on_disconnected(struct mw__conn *c)
     /* The rdma_cm event and the completions travel apart: completions of
      * what the peer delivered before it left may still sit in the CQ.  Take
      * them first, so they count, and only then fail what remains. */
-    if (c->dev)
-        mw__cq_drain_now(c->dev->cq);
-    if (c->lqp)                   /* the same for the same-host path */
-        mw__lqp_take_now(c->lqp);
+    c->path.tp->take_now(c);
     if (c->state == MW__CONN_FREED || c->peer_left)
         return;
-    if (c->nearly)
+    if (c->msgs.nearly)
         mw__msg_take_early(c);
     /* What we sent may have reached the peer before it left with its
      * completion still to come here (a collective's last chunk to a rank
@@ -524,8 +518,8 @@ void mw__conn_on_disconnected(struct mw__conn *c)
      * device's acks, or the QP's retries failing -- for a bounded time.
      * (On the same-host path, once the peer's end was read, no answer is
      * still on its way.) */
-    if (c->state == MW__CONN_ESTABLISHED && c->wr_out > c->recv_out &&
-        !mw__lqp_peer_done(c->lqp) &&
+    if (c->state == MW__CONN_ESTABLISHED && c->path.wr_out > c->path.recv_out &&
+        !c->path.tp->peer_done(c) &&
         mw__conn_arm_timer_ms(c, peer_left, PEER_LEFT_GRACE_MS) == 0) {
         c->peer_left = true;
         return;
@@ -552,7 +546,7 @@ static void release_handle(struct mw__conn *c)
     c->owner = MW__OWNER_RELEASED;
     mw__handle_release(c->h);
     c->h = 0;
-    c->imm_fn = NULL;
+    c->on_imm.fn = NULL;
 }
 
 /* The QP goes, and all that lives with it: exports, the protection domain,
@@ -561,23 +555,19 @@ static void release_handle(struct mw__conn *c)
  * instead of reaching them).  Again is a no-op. */
 static void release_qp(struct mw__conn *c)
 {
-    mw__local_drop(c);
-    mw__lqp_free(c->lqp);
-    c->lqp = NULL;
+    c->path.tp->release(c);
     if (c->id && c->id->qp)
         rdma_destroy_qp(c->id);
     mw__rdma_drop_exports(c);         /* before the PD may go (device removal) */
-    mw__pd_free(c->ctx, c->pd);       /* after the QP and the exports in it */
-    c->pd = NULL;
-    if (c->cqe_reserved)
-        mw__dev_release_cqe(c->dev, c->cqe_reserved);
-    c->cqe_reserved = 0;
+    mw__pd_free(c->ctx, c->path.pd);       /* after the QP and the exports in it */
+    c->path.pd = NULL;
+    if (c->path.cqe_reserved)
+        mw__dev_release_cqe(c->path.dev, c->path.cqe_reserved);
+    c->path.cqe_reserved = 0;
     mw__queue_drop_all(c);            /* nothing posted will come back */
     mw__msg_free_buffers(c);
-    if (c->wr_out)                    /* sends, a probe still out */
-        mw__ops_drop_owner(c->ctx, c);
-    c->probe_op = NULL;
-    c->wr_out = c->recv_out = 0;
+    mw__conn_inflight_forget(c);
+    mw__keepalive_drop(c);
 }
 
 void mw__conn_free(struct mw__conn *c)
@@ -592,16 +582,16 @@ void mw__conn_free(struct mw__conn *c)
     c->h = 0;
     mw__defer_cancel(c->ctx, &c->finish_task);
     mw__list_del(&c->link);
-    if (c->timer)
-        event_free(c->timer);
-    if (c->pump_ev)
-        event_free(c->pump_ev);
-    if (c->probe_ev)
-        event_free(c->probe_ev);
+    if (c->deadline.ev)
+        event_free(c->deadline.ev);
+    if (c->xfers.pump_ev)
+        event_free(c->xfers.pump_ev);
+    if (c->keepalive.probe_ev)
+        event_free(c->keepalive.probe_ev);
     release_qp(c);
     if (c->id)
         rdma_destroy_id(c->id);
-    mw__free(c->peers);
+    setup_free(c);
     if (c->close_f) {
         if (c->err && c->err != -ECONNABORTED && c->err != -ECONNRESET)
             mw_future_fail(c->close_f, c->err, "%s", c->why);
@@ -684,8 +674,8 @@ int mw_conn_on_imm(mw_conn_t *h, mw_imm_fn fn, void *arg)
     struct mw__conn *c = mw__conn_of(h, __func__, &err);
     if (!c)
         return err;
-    c->imm_fn = fn;
-    c->imm_arg = arg;
+    c->on_imm.fn = fn;
+    c->on_imm.arg = arg;
     return 0;
 }
 
@@ -704,16 +694,28 @@ int mw_conn_stats(const mw_conn_t *h, mw_conn_stats_t *out)
  * device is gone or broken (nothing posted on a destroyed QP completes, so
  * what waits for that fails now); the id goes after the current rdma_cm
  * event is acked. */
+void mw__conn_take_id(struct mw__conn *c, struct rdma_cm_id *id)
+{
+    c->id = id;
+    id->context = c;
+}
+
+void mw__conn_refused(struct mw__conn *c, int err)
+{
+    c->err = err;
+    mw__conn_maybe_finish(c);
+}
+
 void mw__conn_drop_attempt(struct mw__conn *c)
 {
     if (!c->id)
         return;
     release_qp(c);
-    c->stats.transport = MW_TRANSPORT_RDMA;   /* the next address decides anew */
+    mw__conn_set_transport(c, &mw__transport_rdma);   /* the next address decides anew */
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);
     c->id = NULL;
-    c->dev = NULL;
+    c->path.dev = NULL;
 }
 
 /* Events an established (or closing) connection gets, on either side. */

@@ -17,13 +17,14 @@ static void try_next(struct mw__conn *c);
 /* Record why this address failed and go on to the next. */
 static void attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail)
 {
-    if (c->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !c->attempt_err))
-        c->attempt_err = err;
+    struct mw__conn_setup *s = c->setup;
+    if (s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
+        s->attempt_err = err;
     char addr[MW__ADDR_STRLEN], one[192];
-    mw__addr_str((struct sockaddr *)&c->peers[c->next_peer - 1], addr, sizeof addr);
+    mw__addr_str((struct sockaddr *)&s->peers[s->next_peer - 1], addr, sizeof addr);
     snprintf(one, sizeof one, fmt, detail);
-    size_t used = strlen(c->tried);
-    snprintf(c->tried + used, sizeof c->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
+    size_t used = strlen(s->tried);
+    snprintf(s->tried + used, sizeof s->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
     MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
     mw__conn_disarm_timer(c);
     mw__conn_drop_attempt(c);
@@ -60,25 +61,37 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
 
 static void try_next(struct mw__conn *c)
 {
-    if (c->next_peer >= c->npeers) {
-        mw__conn_fail(c, c->attempt_err ? c->attempt_err : -EHOSTUNREACH, "cannot connect: %s",
-                      c->tried);
+    struct mw__conn_setup *s = c->setup;
+    if (s->next_peer >= s->npeers) {
+        mw__conn_fail(c, s->attempt_err ? s->attempt_err : -EHOSTUNREACH, "cannot connect: %s",
+                      s->tried);
         return;
     }
     struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
-    struct sockaddr *peer = (struct sockaddr *)&c->peers[c->next_peer++];
+    struct sockaddr *peer = (struct sockaddr *)&s->peers[s->next_peer++];
     struct sockaddr_storage src;
     int have_src = pick_source(c, peer, &src) >= 0;
-    if (rdma_create_id(cm->ch, &c->id, c, RDMA_PS_TCP) < 0) {
-        c->id = NULL;
+    struct rdma_cm_id *id;
+    if (rdma_create_id(cm->ch, &id, c, RDMA_PS_TCP) < 0) {
         attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
         return;
     }
+    mw__conn_take_id(c, id);
     mw__conn_set_state(c, MW__CONN_RESOLVING_ADDR);
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_resolve_addr(c->id, have_src ? (struct sockaddr *)&src : NULL, peer,
                           (int)c->opts.timeout_ms) < 0)
         attempt_failed(c, -EHOSTUNREACH, "cannot resolve: %s", mw_strerror(-errno));
+}
+
+void mw__connect_fail(struct mw__conn *c, int err, const char *why)
+{
+    mw_future_t *f = c->setup->connect_f;
+    if (!f)
+        return;
+    c->setup->connect_f = NULL;
+    mw_future_fail(f, err, "%s", why);
+    mw_future_unref(f);
 }
 
 /* The connect was cancelled or timed out: the attempt stops, the half-made
@@ -110,9 +123,9 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
                        rc == -EINVAL ? "bad options" : mw_strerror(rc));
         return f;
     }
-    rc = addrs ? mw__parse_addr_list(addrs, (uint16_t)c->opts.default_port, &c->peers, &c->npeers)
-               : -EINVAL;
-    if (rc < 0 || c->npeers == 0) {
+    struct mw__conn_setup *s = c->setup;
+    rc = mw__parse_addr_list(addrs, (uint16_t)c->opts.default_port, &s->peers, &s->npeers);
+    if (rc < 0 || s->npeers == 0) {
         mw_future_fail(f, rc < 0 ? rc : -EINVAL, "connect: bad address list \"%s\"",
                        addrs ? addrs : "(null)");
         mw__conn_free(c);
@@ -121,8 +134,8 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
     const struct mw__nic *nics;
     size_t n;
     mw__cm_nics(ctx->layers[MW__LAYER_CM].state, &nics, &n);
-    mw__nic_order(nics, n, c->peers, c->npeers);
-    c->connect_f = mw_future_ref(f);
+    mw__nic_order(nics, n, s->peers, s->npeers);
+    s->connect_f = mw_future_ref(f);
     mw__future_on_cancel(f, connect_cancel, c);
     try_next(c);
     return f;
@@ -152,7 +165,7 @@ static void on_route_resolved(struct mw__conn *c)
 void mw__connect_device_ready(struct mw__conn *c, int err)
 {
     if (err)
-        attempt_failed(c, err, "%s", c->dev->why[0] ? c->dev->why
+        attempt_failed(c, err, "%s", c->path.dev->why[0] ? c->path.dev->why
                                                     : "the RDMA device could not register memory");
     else
         on_route_resolved(c);
@@ -175,8 +188,8 @@ static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
     mw__conn_established(c);
     if (c->state != MW__CONN_ESTABLISHED)
         return;
-    mw_future_t *f = c->connect_f;
-    c->connect_f = NULL;
+    mw_future_t *f = c->setup->connect_f;
+    c->setup->connect_f = NULL;
     mw__conn_hand_over(c);        /* the caller owns c from here */
     mw_future_resolve(f, mw__conn_handle(c));
     mw_future_unref(f);

@@ -27,14 +27,14 @@
 
 static bool waiting(const struct mw__conn *c)
 {
-    return !mw__list_empty(&c->recv_waiters) || mw__queue_busy(c);
+    return !mw__list_empty(&c->msgs.recv_waiters) || mw__queue_busy(c);
 }
 
 static void on_probe_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__conn *c = op->owner;
     mw__conn_send_completed(c, 1);
-    c->probe_op = NULL;
+    c->keepalive.probe_op = NULL;
     mw__op_put(c->ctx, op);
     if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
         mw__conn_fail(c, mw__wc_errno(wc->status), "peer not responding (keepalive: %s)",
@@ -55,23 +55,17 @@ static void send_probe(struct mw__conn *c)
         mw__op_put(c->ctx, op);
         return;
     }
-    c->probe_op = op;
-    c->wr_out++;
+    c->keepalive.probe_op = op;
 }
 
 /* The operation at the head of the queue, waiting for credits since
- * c->credit_wait_since: past the deadline it gives up. */
+ * c->flow.wait_since: past the deadline it gives up. */
 static void credit_deadline(struct mw__conn *c)
 {
-    /* now < since: set later in this very millisecond (an unsigned
-     * difference would wrap, and fail a send that just began to wait) */
-    uint64_t now = mw__now_ms();
-    if (!c->credit_wait_since || now < c->credit_wait_since ||
-        now - c->credit_wait_since < c->opts.send_timeout_ms)
+    if (!mw__flow_wait_expired(&c->flow, c->opts.send_timeout_ms))
         return;
-    c->credit_wait_since = 0;
     struct mw__xfer *x;
-    mw__list_for_each(x, &c->queue, link) {
+    mw__list_for_each(x, &c->xfers.queue, link) {
         if (x->all_posted)
             continue;
         MW_LOG(c->ctx, MW_LOG_WARN, "%s: no credits from the peer for %u ms (it does not "
@@ -95,15 +89,15 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     credit_deadline(c);
     if (!waiting(c))
         return;
-    if (c->lqp) {                     /* liveness is the process's (above) */
+    if (!c->path.tp->probes) {             /* liveness is the process's (above) */
         mw__keepalive_arm(c);
         return;
     }
-    if (c->peer_heard != c->heard_at_probe) {   /* the peer spoke: no probe */
+    if (c->keepalive.peer_heard != c->keepalive.heard_at_probe) {   /* the peer spoke: no probe */
         mw__keepalive_arm(c);
         return;
     }
-    if (c->probe_op) {
+    if (c->keepalive.probe_op) {
         mw__conn_fail(c, -ETIMEDOUT, "peer not responding (keepalive: no answer for %u ms)",
                       2 * c->opts.keepalive_ms);
         return;
@@ -114,14 +108,24 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
 
 void mw__keepalive_arm(struct mw__conn *c)
 {
-    if (!waiting(c) || !mw__conn_usable(c) || (c->lqp && !c->credit_wait_since))
+    if (!waiting(c) || !mw__conn_usable(c) || (!c->path.tp->probes && !c->flow.wait_since))
         return;
-    if (!c->probe_ev && !(c->probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
+    if (!c->keepalive.probe_ev && !(c->keepalive.probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
         return;
-    if (evtimer_pending(c->probe_ev, NULL))
+    if (evtimer_pending(c->keepalive.probe_ev, NULL))
         return;
     unsigned ms = c->opts.keepalive_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    c->heard_at_probe = c->peer_heard;
-    mw__ev_add(c->ctx, c->probe_ev, &tv);
+    c->keepalive.heard_at_probe = c->keepalive.peer_heard;
+    mw__ev_add(c->ctx, c->keepalive.probe_ev, &tv);
+}
+
+void mw__keepalive_heard(struct mw__conn *c)
+{
+    c->keepalive.peer_heard++;
+}
+
+void mw__keepalive_drop(struct mw__conn *c)
+{
+    c->keepalive.probe_op = NULL;
 }

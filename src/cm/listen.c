@@ -110,8 +110,8 @@ void mw__listener_free(struct mw__listener *l)
      * aborted when their setup finishes */
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link) {
-        if (c->listener == l)
-            c->listener = NULL;
+        if (c->setup && c->setup->listener == l)
+            c->setup->listener = NULL;
     }
     mw__list_del(&l->link);
     if (l->id)
@@ -144,24 +144,30 @@ static void send_reject(mw_ctx_t *ctx, struct rdma_cm_id *id, const char *why)
            mw__addr_str(rdma_get_peer_addr(id), a, sizeof a), why);
 }
 
+/* The listener @c came through, while there is one to count its end. */
+static struct mw__listener *listener_of(const struct mw__conn *c)
+{
+    return c->setup ? c->setup->listener : NULL;
+}
+
 static void on_accept_timeout(struct mw__conn *c)
 {
-    if (c->listener)
-        c->listener->stats.failed++;
+    if (listener_of(c))
+        listener_of(c)->stats.failed++;
     mw__conn_fail(c, -ETIMEDOUT, "accepting timed out after %u ms", c->opts.timeout_ms);
 }
 
 /* Refuse the request behind @c, counted; @c goes once drained. */
 static void refuse(struct mw__conn *c, int rc, const char *why)
 {
-    if (c->listener && rc == -EPROTO)
-        c->listener->stats.rejected++;
-    else if (c->listener)
-        c->listener->stats.failed++;
+    struct mw__listener *l = listener_of(c);
+    if (l && rc == -EPROTO)
+        l->stats.rejected++;
+    else if (l)
+        l->stats.failed++;
     send_reject(c->ctx, c->id, why);
     mw__conn_drop_attempt(c);          /* the id goes after this event's ack */
-    c->err = rc;
-    mw__conn_maybe_finish(c);
+    mw__conn_refused(c, rc);
 }
 
 /* The answer, once the queue pair and the same-host channel are decided. */
@@ -218,7 +224,7 @@ static bool room_for_one_more(const struct mw__listener *l)
     unsigned n = 0;
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link)
-        n += c->listener == l && !c->err;
+        n += listener_of(c) == l && !c->err;
     return n < l->opts.max_accepting;
 }
 
@@ -239,11 +245,10 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
         mw__cm_destroy_id_later(l->ctx, ev->id);
         return;
     }
-    c->id = ev->id;
-    c->id->context = c;
-    c->listener = l;
-    c->peer_rd_depth = ev->param.conn.initiator_depth;
-    c->peer_rd_resources = ev->param.conn.responder_resources;
+    mw__conn_take_id(c, ev->id);
+    c->setup->listener = l;
+    c->setup->peer_rd_depth = ev->param.conn.initiator_depth;
+    c->setup->peer_rd_resources = ev->param.conn.responder_resources;
     char reason[160];
     if ((rc = mw__conn_take_peer_hello(c, ev->param.conn.private_data,
                                        ev->param.conn.private_data_len, &why)) < 0 ||
@@ -269,7 +274,7 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
         mw__conn_common_event(c, ev);
         return;
     }
-    struct mw__listener *l = c->listener;
+    struct mw__listener *l = listener_of(c);
     if (ev->event != RDMA_CM_EVENT_ESTABLISHED || !l) {
         if (l)
             l->stats.failed++;
@@ -281,8 +286,7 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
         l->stats.failed++;
         return;
     }
-    c->listener = NULL;
-    mw__conn_hand_over(c);
+    mw__conn_hand_over(c);        /* the listener's part ends */
     l->stats.accepted++;
     MW__CALL_OUT(c->ctx,
                  l->cb(MW__HANDLE_PTR(mw_listener_t, l->h), mw__conn_handle(c), l->arg));

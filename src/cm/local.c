@@ -51,7 +51,7 @@
 #include "core/alloc.h"
 #include "core/mem.h"
 
-/* The setup of a connection's same-host channel (c->rv), gone once the
+/* The setup of a connection's same-host channel (c->path.rv), gone once the
  * accepting side decided (passive) or the connection is established
  * (active). */
 struct mw__rendezvous {
@@ -202,10 +202,19 @@ static const struct mw__lqp_ops lqp_ops = {on_access, on_ended};
 
 static int new_lqp(struct mw__conn *c)
 {
-    int rc = mw__lqp_new(c->ctx, &lqp_ops, c, c->opts.timeout_ms, &c->lqp);
+    int rc = mw__lqp_new(c->ctx, &lqp_ops, c, c->opts.timeout_ms, &c->path.lqp);
     if (rc == 0)
-        c->stats.transport = MW_TRANSPORT_LOCAL;
+        mw__conn_set_transport(c, &mw__transport_local);
     return rc;
+}
+
+/* The channel was not taken: receives go to the device. */
+static int back_to_the_device(struct mw__conn *c)
+{
+    mw__lqp_free(c->path.lqp);
+    c->path.lqp = NULL;
+    mw__conn_set_transport(c, &mw__transport_rdma);
+    return mw__msg_repost_recvs(c);
 }
 
 static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr *b)
@@ -290,7 +299,7 @@ static int rv_new(struct mw__conn *c, uint64_t nonce)
     if (!rv)
         return -ENOMEM;
     *rv = (struct mw__rendezvous){.c = c, .nonce = nonce, .lfd = -1, .fd = -1};
-    c->rv = rv;
+    c->path.rv = rv;
     return 0;
 }
 
@@ -318,15 +327,17 @@ static void rv_close_listener(struct mw__rendezvous *rv)
     rv_close(rv, &rv->lfd, &rv->lev);
 }
 
-void mw__local_drop(struct mw__conn *c)
+/* The rendezvous ends (its sockets close; the channel, taken, is the
+ * queue pair's now). */
+static void local_drop(struct mw__conn *c)
 {
-    struct mw__rendezvous *rv = c->rv;
+    struct mw__rendezvous *rv = c->path.rv;
     if (!rv)
         return;
     rv_close_channel(rv);
     rv_close_listener(rv);
     mw__free(rv);
-    c->rv = NULL;
+    c->path.rv = NULL;
 }
 
 /* Watch @fd for @fn, within @ms (0: no deadline). */
@@ -364,7 +375,7 @@ static int take_channel(struct mw__rendezvous *rv, int pidfd, const uint8_t *fir
         rv->ev = NULL;
     }
     rv->fd = -1;
-    return mw__lqp_attach(rv->c->lqp, fd, rv->pid, pidfd, first);
+    return mw__lqp_attach(rv->c->path.lqp, fd, rv->pid, pidfd, first);
 }
 
 /* --- the connecting side ----------------------------------------------------- */
@@ -425,7 +436,7 @@ int mw__local_offer(struct mw__conn *c)
     uint64_t nonce;
     int rc = random64(&nonce);
     if (rc == 0 && (rc = rv_new(c, nonce)) == 0) {
-        struct mw__rendezvous *rv = c->rv;
+        struct mw__rendezvous *rv = c->path.rv;
         struct sockaddr_un a;
         socklen_t len;
         socket_name(nonce, &a, &len);
@@ -438,7 +449,7 @@ int mw__local_offer(struct mw__conn *c)
     if (rc == 0)
         rc = new_lqp(c);
     if (rc < 0) {
-        mw__local_drop(c);
+        local_drop(c);
         if (rc == -ENOMEM)
             return rc;
         MW_LOG(c->ctx, MW_LOG_WARN, "same-host path unavailable (%s): over the device",
@@ -449,10 +460,10 @@ int mw__local_offer(struct mw__conn *c)
 
 int mw__local_established(struct mw__conn *c, char *why, size_t cap)
 {
-    if (!c->lqp)
+    if (!c->path.lqp)
         return 0;
-    bool taken = c->peer.flags & MW__HELLO_LOCAL, attached = mw__lqp_peer(c->lqp) != 0;
-    mw__local_drop(c);
+    bool taken = c->peer.flags & MW__HELLO_LOCAL, attached = mw__lqp_peer(c->path.lqp) != 0;
+    local_drop(c);
     if (taken && !attached) {
         snprintf(why, cap, "the peer took a same-host channel that was never opened");
         return -EPROTO;
@@ -461,10 +472,7 @@ int mw__local_established(struct mw__conn *c, char *why, size_t cap)
         return 0;
     MW_LOG(c->ctx, MW_LOG_INFO, "%s: the peer did not take the same-host channel: over the device",
            c->stats.remote);
-    mw__lqp_free(c->lqp);         /* declined: receives go to the device */
-    c->lqp = NULL;
-    c->stats.transport = MW_TRANSPORT_RDMA;
-    int rc = mw__msg_repost_recvs(c);
+    int rc = back_to_the_device(c);
     if (rc < 0)
         snprintf(why, cap, "reposting receives on the queue pair failed: %s", mw_strerror(rc));
     return rc;
@@ -480,7 +488,7 @@ int mw__local_take(struct mw__conn *c)
         return 0;
     int rc = rv_new(c, c->peer.nonce);
     if (rc == 0 && (rc = new_lqp(c)) < 0)
-        mw__local_drop(c);
+        local_drop(c);
     return rc;
 }
 
@@ -488,14 +496,11 @@ int mw__local_take(struct mw__conn *c)
 static void decided(struct mw__conn *c, const char *declined)
 {
     int rc = 0;
-    mw__local_drop(c);
+    local_drop(c);
     if (declined) {
         MW_LOG(c->ctx, MW_LOG_INFO, "%s: same-host channel not taken (%s): over the device",
                c->stats.remote, declined);
-        mw__lqp_free(c->lqp);
-        c->lqp = NULL;
-        c->stats.transport = MW_TRANSPORT_RDMA;
-        rc = mw__msg_repost_recvs(c);
+        rc = back_to_the_device(c);
     }
     mw__accept_local_ready(c, rc);
 }
@@ -519,7 +524,7 @@ static void on_answer(evutil_socket_t fd, short what, void *arg)
 
 int mw__local_rendezvous(struct mw__conn *c)
 {
-    struct mw__rendezvous *rv = c->rv;
+    struct mw__rendezvous *rv = c->path.rv;
     if (!rv)
         return 0;
     struct sockaddr_un a;
@@ -545,10 +550,75 @@ int mw__local_rendezvous(struct mw__conn *c)
 
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)
 {
-    if (!c->lqp)
+    if (!c->path.lqp)
         return;
     h->flags |= MW__HELLO_LOCAL;
     h->host = mw__host_identity();
     if (c->side == MW__SIDE_ACTIVE)
-        h->nonce = c->rv ? c->rv->nonce : 0;
+        h->nonce = c->path.rv ? c->path.rv->nonce : 0;
 }
+
+/* --- the same-host transport ------------------------------------------------- */
+
+static int local_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return mw__lqp_post_send(c->path.lqp, wr, bad);
+}
+
+static int local_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return mw__lqp_post_recv(c->path.lqp, wr, bad);
+}
+
+/* The device's completions (the setup's, a probe's) and the channel's. */
+static void local_take_now(struct mw__conn *c)
+{
+    mw__transport_rdma.take_now(c);
+    if (c->path.lqp)
+        mw__lqp_take_now(c->path.lqp);
+}
+
+/* The channel ends with the queue pair: the peer executes nothing more. */
+static void local_stop(struct mw__conn *c)
+{
+    if (c->path.lqp)
+        mw__lqp_error(c->path.lqp);
+}
+
+static bool local_peer_done(const struct mw__conn *c)
+{
+    return mw__lqp_peer_done(c->path.lqp);
+}
+
+static bool local_quiescing(const struct mw__conn *c)
+{
+    return mw__lqp_quiescing(c->path.lqp);
+}
+
+static void local_settle(struct mw__conn *c, uint64_t until_ms)
+{
+    mw__lqp_settle(c->path.lqp, until_ms);
+}
+
+static void local_release(struct mw__conn *c)
+{
+    local_drop(c);
+    mw__lqp_free(c->path.lqp);
+    c->path.lqp = NULL;
+}
+
+/* Liveness is the peer process's (its pidfd) and the channel's end: a
+ * probe would be answered only when the peer's loop runs (lqp.h). */
+const struct mw__transport mw__transport_local = {
+    .kind = MW_TRANSPORT_LOCAL,
+    .via = ", data over the same-host path",
+    .probes = false,
+    .post_send = local_post_send,
+    .post_recv = local_post_recv,
+    .take_now = local_take_now,
+    .stop = local_stop,
+    .peer_done = local_peer_done,
+    .quiescing = local_quiescing,
+    .settle = local_settle,
+    .release = local_release,
+};

@@ -23,17 +23,15 @@
 
 static int post_recv(struct mw__conn *c, unsigned i)
 {
-    struct mw__recv_slot *s = &c->slots[i];
+    struct mw__recv_slot *s = &c->msgs.slots[i];
     struct ibv_sge sge = {.addr = (uintptr_t)s->buf, .length = c->opts.slot_size};
-    int rc = mw__mem_keys(c->ctx, c->pd, s->buf, c->opts.slot_size, &sge.lkey);
+    int rc = mw__mem_keys(c->ctx, c->path.pd, s->buf, c->opts.slot_size, &sge.lkey);
     if (rc < 0)
         return rc;
     struct ibv_recv_wr wr = {.wr_id = s->op->wr_id, .sg_list = &sge, .num_sge = 1}, *bad;
     if ((rc = mw__conn_post_recv(c, &wr, &bad)))
         return -rc;
     s->posted = true;
-    c->wr_out++;
-    c->recv_out++;
     return 0;
 }
 
@@ -42,14 +40,14 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc);
 int mw__msg_post_recvs(struct mw__conn *c)
 {
     unsigned n = c->opts.credits;
-    c->recv_mem = mw_alloc(c->ctx, (size_t)n * c->opts.slot_size);
-    c->slots = mw__calloc(n, sizeof *c->slots);
-    c->early = mw__calloc(n, sizeof *c->early);
-    if (!c->recv_mem || !c->slots || !c->early)
+    c->msgs.recv_mem = mw_alloc(c->ctx, (size_t)n * c->opts.slot_size);
+    c->msgs.slots = mw__calloc(n, sizeof *c->msgs.slots);
+    c->msgs.early = mw__calloc(n, sizeof *c->msgs.early);
+    if (!c->msgs.recv_mem || !c->msgs.slots || !c->msgs.early)
         return -ENOMEM;
     for (unsigned i = 0; i < n; i++) {
-        struct mw__recv_slot *s = &c->slots[i];
-        s->buf = c->recv_mem + (size_t)i * c->opts.slot_size;
+        struct mw__recv_slot *s = &c->msgs.slots[i];
+        s->buf = c->msgs.recv_mem + (size_t)i * c->opts.slot_size;
         if (!(s->op = mw__op_get(c->ctx, on_recv, NULL, c)))
             return -ENOMEM;
         s->op->u64[0] = i;
@@ -63,11 +61,10 @@ int mw__msg_post_recvs(struct mw__conn *c)
 int mw__msg_repost_recvs(struct mw__conn *c)
 {
     for (unsigned i = 0; i < c->opts.credits; i++) {
-        struct mw__recv_slot *s = &c->slots[i];
+        struct mw__recv_slot *s = &c->msgs.slots[i];
         if (!s->posted)
             continue;
-        c->wr_out--;              /* posted again, counted again */
-        c->recv_out--;
+        mw__conn_recv_completed(c);   /* given back unused: posted anew */
         int rc = post_recv(c, i);
         if (rc < 0)
             return rc;
@@ -77,29 +74,27 @@ int mw__msg_repost_recvs(struct mw__conn *c)
 
 void mw__msg_free_buffers(struct mw__conn *c)
 {
-    for (unsigned i = 0; c->slots && i < c->opts.credits; i++)
-        if (c->slots[i].op)
-            mw__op_put(c->ctx, c->slots[i].op);
-    mw__free(c->slots);
-    c->slots = NULL;
-    mw__free(c->early);
-    c->early = NULL;
-    c->nearly = 0;
-    mw__defer_cancel(c->ctx, &c->early_task);
-    mw_free(c->ctx, c->recv_mem);
-    mw_free(c->ctx, c->send_mem);
-    c->recv_mem = c->send_mem = NULL;
-    mw__free(c->free_send);
-    c->free_send = NULL;
-    mw__free(c->rx.buf);
-    c->rx.buf = NULL;
+    for (unsigned i = 0; c->msgs.slots && i < c->opts.credits; i++)
+        if (c->msgs.slots[i].op)
+            mw__op_put(c->ctx, c->msgs.slots[i].op);
+    mw__free(c->msgs.slots);
+    c->msgs.slots = NULL;
+    mw__free(c->msgs.early);
+    c->msgs.early = NULL;
+    c->msgs.nearly = 0;
+    mw__defer_cancel(c->ctx, &c->msgs.early_task);
+    mw_free(c->ctx, c->msgs.recv_mem);
+    c->msgs.recv_mem = NULL;
+    mw__send_slots_free(c);
+    mw__free(c->msgs.rx.buf);
+    c->msgs.rx.buf = NULL;
     struct mw__msgq *q;
-    mw__list_for_each(q, &c->inbox, link) {
+    mw__list_for_each(q, &c->msgs.inbox, link) {
         mw__list_del(&q->link);
         mw__free(q->msg.data);
         mw__free(q);
     }
-    c->inbox_len = 0;
+    c->msgs.inbox_len = 0;
     c->stats.inbox_bytes = 0;
     /* a close that finished with receives waiting */
     char why[128];
@@ -117,23 +112,23 @@ static void recycle_slot(struct mw__conn *c, unsigned i, bool control)
 {
     if (!mw__conn_usable(c))
         return;
-    if (!control && (c->inbox_len >= c->opts.credits ||
+    if (!control && (c->msgs.inbox_len >= c->opts.credits ||
                      c->stats.inbox_bytes >= c->opts.max_inbox_bytes)) {
-        c->slots_parked++;
+        mw__flow_slot_parked(&c->flow);
         return;
     }
     int rc = post_recv(c, i);
     if (rc < 0)
         mw__conn_fail(c, rc, "reposting a receive failed");
     else
-        c->credits_owed++;
+        mw__flow_slot_reposted(&c->flow);
 }
 
 static void unpark_slots(struct mw__conn *c)
 {
-    for (unsigned i = 0; c->slots_parked && i < c->opts.credits; i++)
-        if (!c->slots[i].posted) {
-            c->slots_parked--;
+    for (unsigned i = 0; c->flow.parked && i < c->opts.credits; i++)
+        if (!c->msgs.slots[i].posted) {
+            mw__flow_slot_unparked(&c->flow);
             recycle_slot(c, i, false);
         }
 }
@@ -152,7 +147,7 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
 {
     c->stats.msgs_received++;
     c->stats.bytes_received += len;
-    struct mw__waiter *w = mw__list_first(&c->recv_waiters, struct mw__waiter, link);
+    struct mw__waiter *w = mw__list_first(&c->msgs.recv_waiters, struct mw__waiter, link);
     if (w) {
         mw__list_del(&w->link);
         mw_future_t *f = w->f;
@@ -176,8 +171,8 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
         return;
     }
     q->msg = (mw_msg_t){data, len};
-    mw__list_add_tail(&c->inbox, &q->link);
-    c->inbox_len++;
+    mw__list_add_tail(&c->msgs.inbox, &q->link);
+    c->msgs.inbox_len++;
     c->stats.inbox_bytes += len;
 }
 
@@ -185,26 +180,26 @@ static void deliver(struct mw__conn *c, void *data, size_t len)
 static int take_data(struct mw__conn *c, const struct mw__frag *fr, const uint8_t *p)
 {
     if (fr->flags & MW__FRAG_FIRST) {
-        if (c->rx.active)
+        if (c->msgs.rx.active)
             return -EPROTO;
         if (fr->total > c->opts.max_msg_size)
             return -EMSGSIZE;     /* more than we announced: never allocated */
-        if (!(c->rx.buf = mw__malloc(fr->total ? fr->total : 1)))
+        if (!(c->msgs.rx.buf = mw__malloc(fr->total ? fr->total : 1)))
             return -ENOMEM;
-        c->rx.active = true;
-        c->rx.id = fr->msg_id;
-        c->rx.total = fr->total;
-        c->rx.got = 0;
-    } else if (!c->rx.active || fr->msg_id != c->rx.id || fr->offset != c->rx.got ||
-               fr->total != c->rx.total) {
+        c->msgs.rx.active = true;
+        c->msgs.rx.id = fr->msg_id;
+        c->msgs.rx.total = fr->total;
+        c->msgs.rx.got = 0;
+    } else if (!c->msgs.rx.active || fr->msg_id != c->msgs.rx.id || fr->offset != c->msgs.rx.got ||
+               fr->total != c->msgs.rx.total) {
         return -EPROTO;
     }
-    memcpy(c->rx.buf + fr->offset, p, fr->len);
-    c->rx.got += fr->len;
+    memcpy(c->msgs.rx.buf + fr->offset, p, fr->len);
+    c->msgs.rx.got += fr->len;
     if (fr->flags & MW__FRAG_LAST) {
-        c->rx.active = false;
-        deliver(c, c->rx.buf, c->rx.total);
-        c->rx.buf = NULL;
+        c->msgs.rx.active = false;
+        deliver(c, c->msgs.rx.buf, c->msgs.rx.total);
+        c->msgs.rx.buf = NULL;
     }
     return 0;
 }
@@ -220,22 +215,19 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *c
         return rc;
     }
     *control = fr.type != MW__FRAG_DATA;
-    c->send_credits += fr.credits;
-    if (fr.credits && c->credit_wait_since)   /* the peer reads: the wait starts over */
-        c->credit_wait_since = mw__now_ms();
-    if (c->send_credits > c->nsend) {
+    if (mw__flow_returned(&c->flow, fr.credits) < 0) {
         mw__conn_fail(c, -EPROTO, "the peer returned more credits than it was given");
         return -EPROTO;
     }
     if (fr.type == MW__FRAG_DISCARD) {
-        if (!c->rx.active || c->rx.id != fr.msg_id) {
+        if (!c->msgs.rx.active || c->msgs.rx.id != fr.msg_id) {
             mw__conn_fail(c, -EPROTO, "the peer discarded message %llu, not in progress",
                           (unsigned long long)fr.msg_id);
             return -EPROTO;
         }
-        mw__free(c->rx.buf);          /* its send was cancelled half way */
-        c->rx.buf = NULL;
-        c->rx.active = false;
+        mw__free(c->msgs.rx.buf);          /* its send was cancelled half way */
+        c->msgs.rx.buf = NULL;
+        c->msgs.rx.active = false;
         return 0;
     }
     if (fr.type == MW__FRAG_DATA && (rc = take_data(c, &fr, buf + MW__FRAG_HDR_LEN)) < 0) {
@@ -255,12 +247,12 @@ static int take_frag(struct mw__conn *c, const uint8_t *buf, size_t len, bool *c
 /* What arrived in slot @i: an immediate, or a fragment. */
 static void take_slot(struct mw__conn *c, unsigned i)
 {
-    struct mw__recv_slot *s = &c->slots[i];
+    struct mw__recv_slot *s = &c->msgs.slots[i];
     if (s->with_imm) {
         c->stats.imms_received++;
         recycle_slot(c, i, true);
-        if (c->imm_fn)
-            MW__CALL_OUT(c->ctx, c->imm_fn(mw__conn_handle(c), s->imm, c->imm_arg));
+        if (c->on_imm.fn)
+            MW__CALL_OUT(c->ctx, c->on_imm.fn(mw__conn_handle(c), s->imm, c->on_imm.arg));
         else if (c->owner == MW__OWNER_CALLER)   /* after close nobody listens */
             MW_LOG(c->ctx, MW_LOG_WARN, "%s: write with immediate %#x and no handler (mw_conn_on_imm)",
                    c->stats.remote, s->imm);
@@ -285,45 +277,44 @@ static void after_taking(struct mw__conn *c)
  * peer connected: the CM is told, so a lost RTU cannot leave us half-made. */
 static void keep_early(struct mw__conn *c, unsigned i)
 {
-    c->early[c->nearly++] = i;
-    if (c->state == MW__CONN_ACCEPTING && c->nearly == 1 &&   /* once: the first */
+    c->msgs.early[c->msgs.nearly++] = i;
+    if (c->state == MW__CONN_ACCEPTING && c->msgs.nearly == 1 &&   /* once: the first */
         rdma_notify(c->id, IBV_EVENT_COMM_EST) < 0 && errno != EISCONN)
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: rdma_notify: %s", c->stats.remote, mw_strerror(-errno));
 }
 
 void mw__msg_take_early(struct mw__conn *c)
 {
-    mw__defer_cancel(c->ctx, &c->early_task);
-    unsigned n = c->nearly;
-    c->nearly = 0;
+    mw__defer_cancel(c->ctx, &c->msgs.early_task);
+    unsigned n = c->msgs.nearly;
+    c->msgs.nearly = 0;
     for (unsigned k = 0; k < n; k++)
         if (mw__conn_usable(c))
-            take_slot(c, c->early[k]);
+            take_slot(c, c->msgs.early[k]);
     after_taking(c);
 }
 
 static void take_early(struct mw__task *t)
 {
-    mw__msg_take_early(mw__container_of(t, struct mw__conn, early_task));
+    mw__msg_take_early(mw__container_of(t, struct mw__conn, msgs.early_task));
 }
 
 void mw__msg_established(struct mw__conn *c)
 {
-    c->early_task.fn = take_early;
-    if (!c->nearly)
+    c->msgs.early_task.fn = take_early;
+    if (!c->msgs.nearly)
         return;
     MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %u receives arrived before the connection was "
-           "established here; taken now", c->stats.remote, c->nearly);
-    mw__defer(c->ctx, &c->early_task);
+           "established here; taken now", c->stats.remote, c->msgs.nearly);
+    mw__defer(c->ctx, &c->msgs.early_task);
 }
 
 static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__conn *c = op->owner;
     unsigned i = (unsigned)op->u64[0];
-    c->wr_out--;
-    c->recv_out--;
-    c->slots[i].posted = false;
+    mw__conn_recv_completed(c);
+    c->msgs.slots[i].posted = false;
     if (wc->status != IBV_WC_SUCCESS) {
         if (wc->status != IBV_WC_WR_FLUSH_ERR)
             mw__conn_fail(c, mw__wc_errno(wc->status), "receive failed: %s",
@@ -331,12 +322,12 @@ static void on_recv(struct mw__op *op, const struct ibv_wc *wc)
         mw__conn_maybe_finish(c);
         return;
     }
-    c->peer_heard++;
-    struct mw__recv_slot *s = &c->slots[i];
+    mw__keepalive_heard(c);
+    struct mw__recv_slot *s = &c->msgs.slots[i];
     s->with_imm = wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM;
     s->imm = ntohl(wc->imm_data);
     s->len = wc->byte_len;
-    if (mw__conn_setting_up(c) || c->nearly) {   /* behind the early ones */
+    if (mw__conn_setting_up(c) || c->msgs.nearly) {   /* behind the early ones */
         keep_early(c, i);
         return;
     }
@@ -358,9 +349,9 @@ static void recv_cancel(mw_future_t *f, void *arg)
 /* The first message waiting in the inbox, to @f. */
 static void take_inbox(struct mw__conn *c, mw_future_t *f)
 {
-    struct mw__msgq *q = mw__list_first(&c->inbox, struct mw__msgq, link);
+    struct mw__msgq *q = mw__list_first(&c->msgs.inbox, struct mw__msgq, link);
     mw__list_del(&q->link);
-    c->inbox_len--;
+    c->msgs.inbox_len--;
     c->stats.inbox_bytes -= q->msg.len;
     mw_msg_t *m = mw__malloc(sizeof *m);
     if (m) {
@@ -381,7 +372,7 @@ mw_future_t *mw_recv(mw_conn_t *h)
     mw_future_t *f = mw__conn_future(h, __func__, &c);
     if (!f)
         return NULL;
-    if (!mw__list_empty(&c->inbox)) {
+    if (!mw__list_empty(&c->msgs.inbox)) {
         take_inbox(c, f);
         return f;
     }
@@ -396,7 +387,7 @@ mw_future_t *mw_recv(mw_conn_t *h)
         return f;
     }
     *w = (struct mw__waiter){.f = mw_future_ref(f), .c = c};
-    mw__list_add_tail(&c->recv_waiters, &w->link);
+    mw__list_add_tail(&c->msgs.recv_waiters, &w->link);
     mw__future_on_cancel(f, recv_cancel, w);
     mw__keepalive_arm(c);
     return f;
@@ -405,7 +396,7 @@ mw_future_t *mw_recv(mw_conn_t *h)
 void mw__recv_fail_all(struct mw__conn *c, int err, const char *why)
 {
     struct mw__waiter *w;
-    mw__list_for_each(w, &c->recv_waiters, link) {
+    mw__list_for_each(w, &c->msgs.recv_waiters, link) {
         mw__list_del(&w->link);
         mw_future_fail(w->f, err, "%s", why);
         mw_future_unref(w->f);

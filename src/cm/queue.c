@@ -27,13 +27,13 @@ void mw__queue_add(struct mw__conn *c, struct mw__xfer *x, enum mw__xfer_kind ki
     x->c = c;
     x->kind = kind;
     x->f = mw_future_ref(f);
-    mw__list_add_tail(&c->queue, &x->link);
+    mw__list_add_tail(&c->xfers.queue, &x->link);
     mw__keepalive_arm(c);
 }
 
 bool mw__queue_busy(const struct mw__conn *c)
 {
-    return !mw__list_empty(&c->queue);
+    return !mw__list_empty(&c->xfers.queue);
 }
 
 /* Complete @x's future, if it still has one, with what happened to it. */
@@ -97,12 +97,8 @@ static void on_pump(evutil_socket_t fd, short what, void *arg);
  * keepalive gives up on it after send_timeout_ms (keepalive.c). */
 static void note_credit_wait(struct mw__conn *c, bool waiting)
 {
-    if (!waiting)
-        c->credit_wait_since = 0;
-    else if (!c->credit_wait_since) {
+    if (mw__flow_wait(&c->flow, waiting)) {
         c->stats.credit_waits++;
-        uint64_t now = mw__now_ms();
-        c->credit_wait_since = now ? now : 1;     /* 0 means "not waiting" */
         mw__keepalive_arm(c);                     /* its deadline */
     }
 }
@@ -114,7 +110,7 @@ void mw__conn_pump(struct mw__conn *c)
     int budget = POSTS_PER_TURN;
     bool deferred = false, no_credit = false;
     struct mw__xfer *x;
-    mw__list_for_each(x, &c->queue, link) {
+    mw__list_for_each(x, &c->xfers.queue, link) {
         if (x->all_posted)
             continue;
         budget -= x->kind == MW__XFER_SEND
@@ -128,10 +124,10 @@ void mw__conn_pump(struct mw__conn *c)
     if (!c->err)
         budget -= mw__msg_return_credits(c);
     if (!c->err && (budget <= 0 || deferred)) {   /* more may be waiting: next turn */
-        if (!c->pump_ev)
-            c->pump_ev = evtimer_new(c->ctx->base, on_pump, c);
-        if (c->pump_ev)
-            mw__ev_add(c->ctx, c->pump_ev, &mw__zero_tv);
+        if (!c->xfers.pump_ev)
+            c->xfers.pump_ev = evtimer_new(c->ctx->base, on_pump, c);
+        if (c->xfers.pump_ev)
+            mw__ev_add(c->ctx, c->xfers.pump_ev, &mw__zero_tv);
     }
     mw__conn_maybe_finish(c);
 }
@@ -151,7 +147,7 @@ void mw__queue_fail_all(struct mw__conn *c, int err, const char *why)
 {
     (void)why;
     struct mw__xfer *x;
-    mw__list_for_each(x, &c->queue, link) {
+    mw__list_for_each(x, &c->xfers.queue, link) {
         x->all_posted = true;
         if (!x->err)
             x->err = err;
@@ -167,7 +163,7 @@ void mw__queue_fail_all(struct mw__conn *c, int err, const char *why)
 void mw__queue_drop_all(struct mw__conn *c)
 {
     struct mw__xfer *x;
-    mw__list_for_each(x, &c->queue, link) {
+    mw__list_for_each(x, &c->xfers.queue, link) {
         if (!x->err)
             x->err = c->err ? c->err : -ECANCELED;
         xfer_free(c, x);

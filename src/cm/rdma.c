@@ -42,12 +42,12 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
         return err;
     if (!addr || !len || !out)
         return -EINVAL;
-    if (!c->pd || c->dev->removed)
+    if (!c->path.pd || c->path.dev->removed)
         return -ENOTCONN;
     struct mw__conn_export *x = mw__calloc(1, sizeof *x);
     if (!x)
         return -ENOMEM;
-    int rc = mw__export_new(c->ctx, c->pd, addr, len, &x->e);
+    int rc = mw__export_new(c->ctx, c->path.pd, addr, len, &x->e);
     if (rc < 0) {
         mw__free(x);
         return rc;
@@ -103,9 +103,9 @@ bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t ad
 static uint64_t chunk_of(const struct mw__conn *c)
 {
     uint64_t chunk = c->opts.chunk_size;
-    if (c->max_msg && c->max_msg < chunk)
-        chunk = c->max_msg;
-    return mw__dev_post_chunk(c->dev, chunk);
+    if (c->xfers.max_msg && c->xfers.max_msg < chunk)
+        chunk = c->xfers.max_msg;
+    return mw__dev_post_chunk(c->path.dev, chunk);
 }
 
 /* Move a cursor (@seg, @off) of @r by @len bytes: into the next segment
@@ -128,10 +128,10 @@ static void on_chain_done(struct mw__op *op, const struct ibv_wc *wc)
     bool ok = wc->status == IBV_WC_SUCCESS;
     r->seq_acked = (uint8_t)(pos + 1);
     mw__conn_send_completed(c, n);
-    c->rdma_out -= n;
+    c->xfers.rdma_out -= n;
     bool read = r->opcode == IBV_WR_RDMA_READ;
     if (read)
-        c->reads_out -= n;
+        c->xfers.reads_out -= n;
     if (ok && r->done_out)        /* also after a cancel: these did complete */
         *r->done_out = r->ends ? r->ends[pos] : r->seg == r->nsegs && r->x.out == n;
     int err = ok ? 0
@@ -149,11 +149,11 @@ static void on_chain_done(struct mw__op *op, const struct ibv_wc *wc)
  * (for reads) the QP's reads in flight allow. */
 static unsigned chain_room(const struct mw__conn *c, const struct mw__rdma *r)
 {
-    unsigned room = c->opts.max_rdma_inflight - c->rdma_out;
+    unsigned room = c->opts.max_rdma_inflight - c->xfers.rdma_out;
     if (room > XFER_WINDOW - r->x.out)
         room = XFER_WINDOW - r->x.out;
-    if (r->opcode == IBV_WR_RDMA_READ && room > c->max_reads - c->reads_out)
-        room = c->max_reads - c->reads_out;
+    if (r->opcode == IBV_WR_RDMA_READ && room > c->xfers.max_reads - c->xfers.reads_out)
+        room = c->xfers.max_reads - c->xfers.reads_out;
     return room < CHAIN_MAX ? room : CHAIN_MAX;
 }
 
@@ -175,7 +175,7 @@ static unsigned build_chain(struct mw__conn *c, struct mw__rdma *r, unsigned roo
         if (n && *bytes + len > cap)
             break;
         bool last = seg + 1 == r->nsegs && off + len == s->len;
-        if (last && r->with_imm && c->send_credits <= 1) {
+        if (last && r->with_imm && !mw__flow_data_ok(&c->flow)) {
             *no_credit = true;        /* the immediate waits for a credit */
             break;
         }
@@ -223,20 +223,19 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     int rc = -mw__conn_post_send(c, wr, &bad);
     unsigned took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
     if (rc == 0 && timed)
-        mw__dev_post_cost(c->dev, bytes, mw__now_ns() - t0);
+        mw__dev_post_cost(c->path.dev, bytes, mw__now_ns() - t0);
     for (unsigned i = 0; i < took; i++) {
         advance(r, &r->seg, &r->seg_off, sge[i].length);
         c->stats.rdma_bytes += sge[i].length;
         if (wr[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-            c->send_credits--;
+            mw__flow_imm_sent(&c->flow);
     }
     r->seq_posted = (uint8_t)(r->seq_posted + took);
     r->x.all_posted = r->seg == r->nsegs;
     r->x.out += took;
-    c->rdma_out += took;
-    c->wr_out += took;
+    c->xfers.rdma_out += took;
     if (r->opcode == IBV_WR_RDMA_READ)
-        c->reads_out += took;
+        c->xfers.reads_out += took;
     *posted = took;
     return rc;
 }
@@ -345,7 +344,7 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
     } else if (rc == 0 && (offset > rem->len || len > rem->len - offset)) {
         rc = -ERANGE;
         why = "outside the remote memory exported";
-    } else if (rc == 0 && len && (rc = mw__mem_keys(c->ctx, c->pd, local, len, &lkey)) < 0) {
+    } else if (rc == 0 && len && (rc = mw__mem_keys(c->ctx, c->path.pd, local, len, &lkey)) < 0) {
         why = rc == -EFAULT ? "local memory not registered (use mw_alloc or mw_reg)"
                             : "cannot register the local memory for this connection";
     }

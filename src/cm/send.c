@@ -19,40 +19,58 @@ static void on_send_done(struct mw__op *op, const struct ibv_wc *wc);
 
 static uint8_t *send_slot(struct mw__conn *c, unsigned i)
 {
-    return c->send_mem + (size_t)i * (c->max_frag + MW__FRAG_HDR_LEN);
+    return c->msgs.send_mem + (size_t)i * (c->msgs.max_frag + MW__FRAG_HDR_LEN);
+}
+
+int mw__send_slots_new(struct mw__conn *c)
+{
+    size_t slot = c->msgs.max_frag + MW__FRAG_HDR_LEN;
+    c->msgs.send_mem = mw_alloc(c->ctx, c->msgs.nsend * slot);
+    c->msgs.free_send = mw__calloc(c->msgs.nsend, sizeof *c->msgs.free_send);
+    if (!c->msgs.send_mem || !c->msgs.free_send)
+        return -ENOMEM;
+    for (unsigned i = 0; i < c->msgs.nsend; i++)
+        c->msgs.free_send[c->msgs.nfree_send++] = c->msgs.nsend - 1 - i;
+    return 0;
+}
+
+void mw__send_slots_free(struct mw__conn *c)
+{
+    mw_free(c->ctx, c->msgs.send_mem);
+    c->msgs.send_mem = NULL;
+    mw__free(c->msgs.free_send);
+    c->msgs.free_send = NULL;
 }
 
 /* Post one fragment: @s may be NULL for a credit-only fragment. */
 static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr)
 {
-    unsigned slot = c->free_send[--c->nfree_send];
+    unsigned slot = c->msgs.free_send[--c->msgs.nfree_send];
     struct mw__op *op = mw__op_get(c->ctx, on_send_done, NULL, c);
     if (!op) {
-        c->nfree_send++;
+        c->msgs.nfree_send++;
         return -ENOMEM;
     }
     op->u64[0] = slot;
     op->u64[1] = (uintptr_t)s;
     uint8_t *buf = send_slot(c, slot);
-    unsigned give = c->credits_owed > 0xffff ? 0xffff : c->credits_owed;
+    unsigned give = mw__flow_to_give(&c->flow);
     fr->credits = (uint16_t)give;
     mw__frag_encode(fr, buf, MW__FRAG_HDR_LEN);
     if (fr->len)
         memcpy(buf + MW__FRAG_HDR_LEN, s->buf + fr->offset, fr->len);
     struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = MW__FRAG_HDR_LEN + fr->len};
-    int rc = mw__mem_keys(c->ctx, c->pd, buf, sge.length, &sge.lkey);
+    int rc = mw__mem_keys(c->ctx, c->path.pd, buf, sge.length, &sge.lkey);
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .sg_list = &sge, .num_sge = 1,
                              .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
     if (rc == 0 && (rc = -mw__conn_post_send(c, &wr, &bad)) == 0) {
-        c->credits_owed -= give;
-        c->send_credits--;
-        c->wr_out++;
+        mw__flow_frag_sent(&c->flow, give, s != NULL);
         if (s)
             s->x.out++;
         return 0;
     }
     mw__op_put(c->ctx, op);
-    c->free_send[c->nfree_send++] = slot;
+    c->msgs.free_send[c->msgs.nfree_send++] = slot;
     return rc;
 }
 
@@ -62,7 +80,7 @@ static struct mw__frag next_frag(const struct mw__conn *c, const struct mw__send
 {
     if (s->discard)
         return (struct mw__frag){.type = MW__FRAG_DISCARD, .msg_id = s->msg_id};
-    size_t n = s->len - s->sent < c->max_frag ? s->len - s->sent : c->max_frag;
+    size_t n = s->len - s->sent < c->msgs.max_frag ? s->len - s->sent : c->msgs.max_frag;
     struct mw__frag fr = {.type = MW__FRAG_DATA, .len = (uint32_t)n, .msg_id = s->msg_id,
                           .total = s->len, .offset = s->sent};
     fr.flags = (s->sent == 0 ? MW__FRAG_FIRST : 0) | (s->sent + n == s->len ? MW__FRAG_LAST : 0);
@@ -73,7 +91,7 @@ int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *defe
                   bool *no_credit)
 {
     int posted = 0;
-    while (posted < budget && c->send_credits > 1 && c->nfree_send) {
+    while (posted < budget && mw__flow_data_ok(&c->flow) && c->msgs.nfree_send) {
         if (!mw__turn_may(c->ctx)) {
             *deferred = true;         /* the rest next turn */
             break;
@@ -95,25 +113,17 @@ int mw__send_pump(struct mw__conn *c, struct mw__send *s, int budget, bool *defe
         if (s->x.all_posted)
             break;
     }
-    *no_credit = !s->x.all_posted && c->send_credits <= 1;
+    *no_credit = !s->x.all_posted && !mw__flow_data_ok(&c->flow);
     return posted;
 }
 
-/* Data that could go has gone, carrying the credits owed; if many are
- * still owed, nothing can carry them (no data, or no credits for data):
- * the reserved last credit sends them alone.  Its slot, reposted by the
- * peer, is one credit owed back: below the threshold, so the two sides
- * never ping-pong credit messages.  A side that waits for credits itself
- * returns even a few: the peer may have used its own reserve to give
- * some, and needs this to give more.  A few is two at least: a credit-only
- * fragment carrying one credit gives the peer no more than its own slot
- * costs, and two sides both waiting passed such fragments back and forth
- * for ever (seen: 8 circling, neither side with two credits for data). */
+/* Data that could go has gone, carrying the credits owed; if enough are
+ * still owed (flow.h: when, and why never one alone), nothing can carry
+ * them (no data, or no credits for data): the reserved last credit sends
+ * them alone. */
 int mw__msg_return_credits(struct mw__conn *c)
 {
-    bool many = c->credits_owed >= (c->opts.credits + 1) / 2;
-    bool few = c->credit_wait_since && c->credits_owed >= 2;
-    if (!c->credits_owed || (!many && !few) || !c->send_credits || !c->nfree_send)
+    if (!mw__flow_return_due(&c->flow) || !c->msgs.nfree_send)
         return 0;
     struct mw__frag fr = {.type = MW__FRAG_CREDIT};
     return post_frag(c, NULL, &fr) == 0;
@@ -123,7 +133,7 @@ static void on_send_done(struct mw__op *op, const struct ibv_wc *wc)
 {
     struct mw__conn *c = op->owner;
     struct mw__send *s = (struct mw__send *)(uintptr_t)op->u64[1];
-    c->free_send[c->nfree_send++] = (unsigned)op->u64[0];
+    c->msgs.free_send[c->msgs.nfree_send++] = (unsigned)op->u64[0];
     mw__conn_send_completed(c, 1);
     mw__op_put(c->ctx, op);
     int err = wc->status == IBV_WC_SUCCESS ? 0 : c->err ? c->err : mw__wc_errno(wc->status);
@@ -181,7 +191,7 @@ mw_future_t *mw_send(mw_conn_t *h, const void *buf, size_t len)
     }
     s->buf = buf;
     s->len = len;
-    s->msg_id = ++c->next_msg_id;
+    s->msg_id = ++c->msgs.next_msg_id;
     mw__queue_add(c, &s->x, MW__XFER_SEND, f);
     mw__future_on_cancel(f, send_cancel, s);
     mw__conn_pump(c);

@@ -1,0 +1,59 @@
+/* How a connection's work reaches its peer: one table of operations per
+ * transport, so the connection's code never asks which it has.  Every
+ * connection is set up over rdma_cm, and runs on its RDMA queue pair
+ * (mw__transport_rdma) or, when the peer shares the host and takes the
+ * channel, on a same-host queue pair beside it (mw__transport_local,
+ * local.c).  transport.c counts what is in flight over any of them. */
+#ifndef MW_CM_TRANSPORT_H
+#define MW_CM_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+
+#include "meshwire.h"
+
+struct mw__conn;
+
+struct mw__transport {
+    mw_transport_t kind;          /* what mw_conn_stats says */
+    const char *via;              /* for the log's "connected" line */
+    bool probes;                  /* a silent peer is found by keepalive
+                                     probes (the NIC answers them), else by
+                                     the transport itself */
+    /* as ibv_post_send / ibv_post_recv */
+    int (*post_send)(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+    int (*post_recv)(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+    /* a disconnect came: take the completions already on their way */
+    void (*take_now)(struct mw__conn *c);
+    /* rdma_disconnect was called: what is posted comes back, flushed */
+    void (*stop)(struct mw__conn *c);
+    /* whether the peer can answer nothing more (its end was read) */
+    bool (*peer_done)(const struct mw__conn *c);
+    /* context teardown: whether a failure still waits for the peer's word,
+     * and waiting for it until @until_ms */
+    bool (*quiescing)(const struct mw__conn *c);
+    void (*settle)(struct mw__conn *c, uint64_t until_ms);
+    /* the transport's own part goes (before the queue pair) */
+    void (*release)(struct mw__conn *c);
+};
+
+extern const struct mw__transport mw__transport_rdma;
+extern const struct mw__transport mw__transport_local;
+
+/* @c runs on @tp from now on (its stats say so). */
+void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp);
+
+/* Post on @c's transport, as ibv_post_send/recv, and count what it took
+ * as in flight.  What comes back is uncounted by mw__conn_send_completed
+ * (@n send-side requests: each completion handler once per completion) or
+ * mw__conn_recv_completed; everything, records too, by
+ * mw__conn_inflight_forget once nothing can come back. */
+int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+void mw__conn_send_completed(struct mw__conn *c, unsigned n);
+void mw__conn_recv_completed(struct mw__conn *c);
+void mw__conn_inflight_forget(struct mw__conn *c);
+
+#endif
