@@ -10,7 +10,7 @@
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
 #include "core/worker.h"
 

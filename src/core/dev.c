@@ -10,7 +10,7 @@
 #include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/worker.h"
 
 #define DEFAULT_CQ_DEPTH 4096

@@ -73,7 +73,7 @@ void mw__devs_free(mw_ctx_t *ctx);
  * indexes (and the keys tables by index) keep their meaning. */
 void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev);
 /* mw__pd_new() / mw__pd_free() - a protection domain of its own for one
- * connection on @dev (pd.c; core/mem.h says why).  Free it after its queue
+ * connection on @dev (pd.c; mem/mem.h says why).  Free it after its queue
  * pair and its exports: it drops the registrations made in it.  The first
  * returns 0 or a negative errno. */
 struct mw__pd;

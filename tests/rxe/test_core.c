@@ -15,9 +15,9 @@
 #include <event2/event.h>
 
 #include "core/cq.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
-#include "core/region.h"
+#include "mem/region.h"
 #include "rxe_util.h"
 
 static const char *addrs[2];

@@ -23,9 +23,9 @@
 
 #include "core/ctx.h"
 #include "core/dev.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/worker.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 /* ------------------------------------------------------------------------
  * Fake backend

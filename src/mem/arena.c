@@ -28,7 +28,7 @@
 #include <jemalloc/jemalloc.h>
 
 #include "core/alloc.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 struct mw__arena {
     extent_hooks_t hooks;     /* jemalloc hands this back; container_of finds us */

@@ -12,7 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/handle.h"
-#include "core/region.h"
+#include "mem/region.h"
 #include "core/worker.h"
 
 /* ------------------------------------------------------------------------

@@ -30,8 +30,8 @@
 
 #include "core/alloc.h"
 #include "core/handle.h"
-#include "core/region.h"
-#include "core/uffd.h"
+#include "mem/region.h"
+#include "mem/uffd.h"
 #include "core/worker.h"
 
 /* A mw_reg() region. */

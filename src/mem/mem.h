@@ -2,8 +2,8 @@
  * registration cache behind mw_reg(), both as "regions" registered with every
  * device's protection domain, and the address -> keys lookup of the post
  * path. */
-#ifndef MW_CORE_MEM_H
-#define MW_CORE_MEM_H
+#ifndef MW_MEM_MEM_H
+#define MW_MEM_MEM_H
 
 #include <stddef.h>
 #include <stdint.h>

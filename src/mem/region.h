@@ -4,8 +4,8 @@
  * the post path's address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
  * so it runs (and is tested) without an RDMA device.  Also the state shared
  * by mem.c (mw__mem_*, mw_reg) and arena.c (mw_alloc, jemalloc hooks). */
-#ifndef MW_CORE_REGION_H
-#define MW_CORE_REGION_H
+#ifndef MW_MEM_REGION_H
+#define MW_MEM_REGION_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,7 +14,7 @@
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/list.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 
 /* One device's registration of a region; handle NULL = not registered. */
 struct mw__keys {

@@ -7,7 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include "core/dev.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e)
