@@ -10,7 +10,6 @@
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/future.h"
-#include "mem/mem.h"
 #include "core/op.h"
 #include "core/worker.h"
 
@@ -86,7 +85,7 @@ void mw__run_deferred(mw_ctx_t *ctx)
         mw__ev_add(ctx, ctx->defer_ev, &mw__zero_tv);
 }
 
-int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts)
+int mw__ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts)
 {
     if (!ctxp)
         return -EINVAL;
@@ -116,11 +115,8 @@ int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *op
     ctx->defer_ev = event_new(ctx->base, -1, 0, on_defer, ctx);
     if (!ctx->defer_ev)
         goto fail;
-    if ((rc = mw__loop_new(ctx)) < 0 || (rc = mw__ops_new(ctx)) < 0 ||
-        (rc = mw__mem_new(ctx, NULL)) < 0)
+    if ((rc = mw__loop_new(ctx)) < 0 || (rc = mw__ops_new(ctx)) < 0)
         goto fail;
-    mw__fork_protect(ctx);        /* before anything is registered */
-    mw__mem_reserve(ctx, MW__MEM_RESERVE_BYTES);
     *ctxp = ctx;
     return 0;
 fail:
@@ -162,7 +158,9 @@ int mw_ctx_free(mw_ctx_t *ctx)
     while (ctx->defer_head)
         mw__run_deferred(ctx);
     mw__future_detach_all(ctx);
-    mw__mem_free(ctx);       /* MRs before the PDs they belong to */
+    for (int i = MW__LAYERS; i-- > 0;)   /* MRs before the PDs they belong to */
+        if (ctx->layers[i].release)
+            ctx->layers[i].release(ctx, ctx->layers[i].state);
     mw__devs_free(ctx);      /* CQs, PDs, the completion channel */
     mw__ops_free(ctx);
     mw__loop_free(ctx);

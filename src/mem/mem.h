@@ -1,7 +1,11 @@
-/* Registered memory: the jemalloc arena behind mw_alloc() and the
- * registration cache behind mw_reg(), both as "regions" registered with every
- * device's protection domain, and the address -> keys lookup of the post
- * path. */
+/* Registered memory, the library's door to it: the jemalloc arena behind
+ * mw_alloc() and the registration cache behind mw_reg(), both as "regions"
+ * registered with every device's protection domain; the address -> keys
+ * lookup of the post path; connections' protection domains and exports.
+ * The layer sits on core (the context, its devices, the helper thread) and
+ * under cm: it hangs its state on the context in slot MW__LAYER_MEM, and
+ * core reaches it only through that slot's hooks.  What the folder's files
+ * share among themselves is in mem/region.h, not here. */
 #ifndef MW_MEM_MEM_H
 #define MW_MEM_MEM_H
 
@@ -14,6 +18,9 @@
 struct mw__dev;
 struct ibv_mr;
 struct ibv_pd;
+
+/* The memory layer's slot on the context (ctx.h): the lowest layer. */
+#define MW__LAYER_MEM 0
 
 /* A protection domain of one connection (pd.c): its queue pair, its
  * exports, and its own registrations of the memory it posts from.  Keys
@@ -29,59 +36,12 @@ struct mw__pd {
     int slot;                     /* in the registrar's table; -1: none */
 };
 
-/* How a region gets registered with one device, or in one connection's
- * protection domain (@pd; NULL: the device's own).  The real backend calls
- * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
-struct mw__reg_backend {
-    /* register [addr, addr+len); fill keys; return a handle or NULL with
-     * errno set */
-    void *(*reg)(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
-                 size_t len, uint32_t *lkey, uint32_t *rkey);
-    /* release a handle from reg(); return 0 or a negative errno */
-    int (*dereg)(void *be, void *handle);
-    void *be;
-};
-
-/* mw__mem_new() - set up @ctx->mem (arena created lazily on first alloc);
- * @backend NULL means ibv_reg_mr.  Return 0 or a negative errno. */
-int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend);
-
-/* mw__mem_free() - destroy the arena, deregister everything. */
-void mw__mem_free(mw_ctx_t *ctx);
-
-/* mw__mem_add_dev() - a device was opened: register every live region with
- * it, and every later region too.  The memory layer keeps its own list of
- * the devices added here (it calls nothing in dev.c), indexed by dev->index.
- * Return 0 or a negative errno. */
-int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
-/* mw__mem_add_dev_async() - as mw__mem_add_dev(), but when the live
- * regions come to more than MW__REG_INLINE_BYTES the helper thread
- * registers them (pinning and faulting in pages: about a second per GiB on
- * soft-RoCE, milliseconds per MiB in a VM: the loop must not wait) and @done(dev, err, arg) runs from the loop once it has; regions
- * made meanwhile register with @dev at once, as usual.  Return 0 (done
- * now: @done is not called), 1 (pending: @done will be), or a negative
- * errno. */
-#define MW__REG_INLINE_BYTES (1u << 20)
-int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
-                          void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
-
-/* mw__memlock_why() - describe the failure @err of registering @bytes
- * into @buf: when RLIMIT_MEMLOCK refused it (ENOMEM, a finite limit, no
- * CAP_IPC_LOCK), naming the limit and what it would take, and returning
- * true; else with mw_strerror(@err), returning false.  Short enough to
- * quote in a connection's message (under 110 bytes).  memlock.c */
-bool mw__memlock_why(int err, uint64_t bytes, char *buf, size_t n);
-
-/* mw__mem_reserve() / mw__mem_unreserve() - hold @bytes of mw_alloc()
- * memory from context creation until the first device is usable, then
- * give it back to the arena.  Growing the arena costs tens of milliseconds
- * in a VM (jemalloc's arena, faulting in the pages); done at creation, with
- * no device yet, it registers nothing, and the first device registers it
- * off the loop: the first connections then find their slots registered
- * already, with no growth inside an rdma_cm handler. */
-#define MW__MEM_RESERVE_BYTES (8u << 20)
-void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes);
-void mw__mem_unreserve(mw_ctx_t *ctx);
+/* mw__pd_new() / mw__pd_free() - a protection domain of its own for one
+ * connection on @dev (pd.c).  Free it after its queue pair and its exports:
+ * it drops the registrations made in it.  The first returns 0 or a
+ * negative errno. */
+int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out);
+void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd);
 
 /* mw__reg_async() - mw_reg() without stalling the loop on a large range:
  * above MW__REG_ASYNC_BYTES a range not registered yet is registered by the
@@ -91,17 +51,6 @@ void mw__mem_unreserve(mw_ctx_t *ctx);
 #define MW__REG_ASYNC_BYTES (4u << 20)
 int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
                   void (*done)(void *arg, mw_mr_t *mr, int err), void *arg);
-
-/* mw__mem_remove_dev() - the device is going away: deregister everything
- * from it. */
-void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
-
-/* mw__mem_add_pd() / mw__mem_remove_pd() - a connection's protection
- * domain joins the memory layer (a slot, nothing registered yet) / leaves
- * it (every registration in it dropped: it may be deallocated).  The first
- * returns 0 or -ENOMEM. */
-int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd);
-void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd);
 
 /* mw__mem_keys() - the local key of @pd for [addr, addr+len), which must
  * lie inside one region registered with @pd's device; the region is
@@ -120,12 +69,6 @@ uint64_t mw__mem_epoch(mw_ctx_t *ctx);
  * withdrawn now (a peer's key for the old pages reaches nothing at that
  * address on the same-host path, as the device's would reach nothing new). */
 void mw__mem_sync(mw_ctx_t *ctx);
-
-/* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
- * registered with @dev, and that registration's keys (@lkey, @rkey may be
- * NULL).  Return 0, -EFAULT (not registered), -ENODEV (@dev unknown). */
-int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
-                     uint32_t *lkey, uint32_t *rkey);
 
 /* An export: a registration of its own over exactly [start, end), the only
  * kind with remote access (those behind mw_alloc and mw_reg are local
@@ -149,8 +92,5 @@ int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t le
 /* mw__export_withdraw() - deregister @e: its key works no more.  Again is
  * a no-op. */
 void mw__export_withdraw(mw_ctx_t *ctx, struct mw__export *e);
-/* mw__exports_withdraw_range() - withdraw every export overlapping
- * [start, end): the memory is being released. */
-void mw__exports_withdraw_range(mw_ctx_t *ctx, uintptr_t start, uintptr_t end);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/dev.h"
-#include "mem/mem.h"
+#include "mem/region.h"
 
 int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out)
 {

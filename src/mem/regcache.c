@@ -315,9 +315,9 @@ static int ureg_put(struct mw__mem *m, struct ureg *u)
 int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
 {
     uintptr_t start = (uintptr_t)addr, end;
-    if (!ctx || !ctx->mem || !mrp || !valid_range(addr, len, &end))
+    if (!ctx || !mw__mem_of(ctx) || !mrp || !valid_range(addr, len, &end))
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     bool arena;
     struct ureg *u = lookup(m, start, end, &arena);
     if (!arena && !u) {
@@ -334,18 +334,18 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
 int mw_dereg(mw_ctx_t *ctx, mw_mr_t *handle)
 {
     int err;
-    if (!ctx || !handle || !ctx->mem)
+    if (!ctx || !handle || !mw__mem_of(ctx))
         return -EINVAL;
     struct mw__mr *mr = mw__handle_get(MW__HANDLE(handle), MW__H_MR, __func__, &err);
     if (!mr)
         return err;
-    if (mr->mem != ctx->mem)
+    if (mr->mem != mw__mem_of(ctx))
         return -EINVAL;               /* another context's */
     struct ureg *u = mr->reg;
     mw__list_del(&mr->link);
     mw__handle_release(mr->h);
     mw__free(mr);
-    return u ? ureg_put(ctx->mem, u) : 0;
+    return u ? ureg_put(mw__mem_of(ctx), u) : 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -422,9 +422,9 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
                   void (*done)(void *arg, mw_mr_t *mr, int err), void *arg)
 {
     uintptr_t start = (uintptr_t)addr, end;
-    if (!ctx || !ctx->mem || !mrp || !done || !valid_range(addr, len, &end))
+    if (!ctx || !mw__mem_of(ctx) || !mrp || !done || !valid_range(addr, len, &end))
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     bool arena;
     struct ureg *u = lookup(m, start, end, &arena);
     size_t first;

@@ -2,8 +2,10 @@
  * knows, their per-device keys, their keys in each connection's protection
  * domain where a connection has posted from them, and a sorted index for
  * the post path's address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
- * so it runs (and is tested) without an RDMA device.  Also the state shared
- * by mem.c (mw__mem_*, mw_reg) and arena.c (mw_alloc, jemalloc hooks). */
+ * so it runs (and is tested) without an RDMA device.  Also the folder's
+ * private side: the memory layer's state and life cycle, and what its files
+ * share (mem.c, arena.c, regcache.c, export.c, pd.c); the rest of the
+ * library goes through mem/mem.h. */
 #ifndef MW_MEM_REGION_H
 #define MW_MEM_REGION_H
 
@@ -15,6 +17,19 @@
 #include "core/dev.h"
 #include "core/list.h"
 #include "mem/mem.h"
+
+/* How a region gets registered with one device, or in one connection's
+ * protection domain (@pd; NULL: the device's own).  The real backend calls
+ * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
+struct mw__reg_backend {
+    /* register [addr, addr+len); fill keys; return a handle or NULL with
+     * errno set */
+    void *(*reg)(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
+                 size_t len, uint32_t *lkey, uint32_t *rkey);
+    /* release a handle from reg(); return 0 or a negative errno */
+    int (*dereg)(void *be, void *handle);
+    void *be;
+};
 
 /* One device's registration of a region; handle NULL = not registered. */
 struct mw__keys {
@@ -151,7 +166,7 @@ size_t mw__rindex_overlap(const struct mw__rindex *ix, uintptr_t start,
                           uintptr_t end, size_t *first);
 
 /* ------------------------------------------------------------------------
- * The memory layer's state, shared by mem.c and arena.c
+ * The memory layer's state and life cycle, shared by the folder's files
  * ------------------------------------------------------------------------ */
 
 struct mw__arena;
@@ -180,6 +195,76 @@ struct mw__mem {
     struct mw__list idle;         /* kept regions nobody holds, oldest first */
     uint64_t idle_bytes, idle_max;
 };
+
+/* mw__mem_of() - the memory layer's state on @ctx (its slot), or NULL. */
+static inline struct mw__mem *mw__mem_of(const mw_ctx_t *ctx)
+{
+    return ctx->layers[MW__LAYER_MEM].state;
+}
+
+/* mw__mem_new() - set up the memory layer on @ctx, in its slot (arena
+ * created lazily on first alloc); @backend NULL means ibv_reg_mr.  Return 0
+ * or a negative errno (-EEXIST: the slot is taken). */
+int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend);
+
+/* mw__mem_free() - destroy the arena, deregister everything, empty the
+ * slot. */
+void mw__mem_free(mw_ctx_t *ctx);
+
+/* mw__mem_add_dev() - a device was opened: register every live region with
+ * it, and every later region too.  The memory layer keeps its own list of
+ * the devices added here (it calls nothing in dev.c), indexed by dev->index.
+ * Return 0 or a negative errno. */
+int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__mem_add_dev_async() - as mw__mem_add_dev(), but when the live
+ * regions come to more than MW__REG_INLINE_BYTES the helper thread
+ * registers them (pinning and faulting in pages: about a second per GiB on
+ * soft-RoCE, milliseconds per MiB in a VM: the loop must not wait) and @done(dev, err, arg) runs from the loop once it has; regions
+ * made meanwhile register with @dev at once, as usual.  Return 0 (done
+ * now: @done is not called), 1 (pending: @done will be), or a negative
+ * errno. */
+#define MW__REG_INLINE_BYTES (1u << 20)
+int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
+                          void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
+
+/* mw__mem_remove_dev() - the device is going away: deregister everything
+ * from it. */
+void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+
+/* mw__mem_add_pd() / mw__mem_remove_pd() - a connection's protection
+ * domain joins the memory layer (a slot, nothing registered yet) / leaves
+ * it (every registration in it dropped: it may be deallocated).  The first
+ * returns 0 or -ENOMEM. */
+int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+
+/* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
+ * registered with @dev, and that registration's keys (@lkey, @rkey may be
+ * NULL).  Return 0, -EFAULT (not registered), -ENODEV (@dev unknown). */
+int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                     uint32_t *lkey, uint32_t *rkey);
+
+/* mw__memlock_why() - describe the failure @err of registering @bytes
+ * into @buf: when RLIMIT_MEMLOCK refused it (ENOMEM, a finite limit, no
+ * CAP_IPC_LOCK), naming the limit and what it would take, and returning
+ * true; else with mw_strerror(@err), returning false.  Short enough to
+ * quote in a connection's message (under 110 bytes).  memlock.c */
+bool mw__memlock_why(int err, uint64_t bytes, char *buf, size_t n);
+
+/* mw__mem_reserve() / mw__mem_unreserve() - hold @bytes of mw_alloc()
+ * memory from context creation until the first device is usable, then
+ * give it back to the arena.  Growing the arena costs tens of milliseconds
+ * in a VM (jemalloc's arena, faulting in the pages); done at creation, with
+ * no device yet, it registers nothing, and the first device registers it
+ * off the loop: the first connections then find their slots registered
+ * already, with no growth inside an rdma_cm handler. */
+#define MW__MEM_RESERVE_BYTES (8u << 20)
+void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes);
+void mw__mem_unreserve(mw_ctx_t *ctx);
+
+/* mw__exports_withdraw_range() - withdraw every export overlapping
+ * [start, end): the memory is being released. */
+void mw__exports_withdraw_range(mw_ctx_t *ctx, uintptr_t start, uintptr_t end);
 
 /* mw__arena_destroy() - (arena.c) destroy the jemalloc arena, deregister
  * and unmap every mapping; for mw__mem_free(). */
