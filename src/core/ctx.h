@@ -108,7 +108,7 @@ void mw__loop_free(mw_ctx_t *ctx);
 
 /* mw__ctx_new() - core's part of mw_ctx_new(): the loop, the task queue
  * and the operation records, on @base or a base of its own.  The memory
- * layer's mw_ctx_new() (mem/mem.c) makes the context through this and puts
+ * layer's mw_ctx_new() (mem/layer.c) makes the context through this and puts
  * itself on it.  Return 0 with *@ctxp set, or a negative errno. */
 int mw__ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts);
 

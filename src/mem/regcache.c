@@ -91,6 +91,58 @@ static void unindex(struct mw__mem *m, struct ureg *u)
     u->parent = NULL;
 }
 
+/* Deregistering on the helper thread: the handles, detached from their
+ * region, with the backend that made them. */
+struct dereg_job {
+    struct mw__job job;
+    mw_ctx_t *ctx;
+    struct mw__reg_backend be;
+    struct mw__keys *keys;
+    int n, failed;
+};
+
+static void dereg_work(struct mw__job *j)
+{
+    struct dereg_job *d = (struct dereg_job *)j;
+    for (int i = 0; i < d->n; i++)
+        if (d->keys[i].handle && d->be.dereg(d->be.be, d->keys[i].handle) != 0)
+            d->failed++;
+}
+
+static void dereg_done(struct mw__job *j)
+{
+    struct dereg_job *d = (struct dereg_job *)j;
+    for (int i = 0; i < d->n; i++)
+        d->ctx->stats.deregistrations += d->keys[i].handle != NULL;
+    if (d->failed)
+        MW_LOG(d->ctx, MW_LOG_WARN, "deregistering memory failed on %d device(s)", d->failed);
+    mw__free(d->keys);
+    mw__free(d);
+}
+
+/* Deregister @r's device keys on the helper thread when it is large (the
+ * loop must not wait), else now (its keys in protection domains go now
+ * either way: a domain is freed right after its connection, and must hold
+ * nothing by then); @r is unlinked either way and may be freed when this
+ * returns.  Returns the first error seen now (0 when left to the helper). */
+static int dereg_later(struct mw__mem *m, struct mw__region *r)
+{
+    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
+    if (!d)
+        return mw__region_fini(&m->rg, r);
+    int rc = mw__region_drop_pd_keys(&m->rg, r);
+    *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,
+                            .be = m->rg.be, .keys = r->keys, .n = r->nkeys};
+    r->keys = NULL;               /* the job owns them now */
+    r->nkeys = 0;
+    mw__list_del(&r->link);
+    if (mw__worker_submit(m->ctx, &d->job) < 0) {
+        dereg_work(&d->job);      /* no helper: here, then */
+        dereg_done(&d->job);
+    }
+    return rc;
+}
+
 /* Deregister @u and free it; nobody holds it and it is out of the index. */
 static int release(struct mw__mem *m, struct ureg *u)
 {
@@ -100,7 +152,7 @@ static int release(struct mw__mem *m, struct ureg *u)
     mw__list_del(&u->link);
     m->nuregs--;
     uintmax_t start = u->r.start, len = u->r.end - u->r.start;
-    int rc = mw__region_dereg_later(m, &u->r);
+    int rc = dereg_later(m, &u->r);
     if (rc < 0)
         MW_LOG(m->ctx, MW_LOG_WARN, "mw_dereg: deregistering [%#jx, +%ju) failed: %s", start,
                len, mw_strerror(rc));

@@ -1,11 +1,11 @@
 /* Regions: address ranges registered with every device the memory layer
  * knows, their per-device keys, their keys in each connection's protection
  * domain where a connection has posted from them, and a sorted index for
- * the post path's address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
- * so it runs (and is tested) without an RDMA device.  Also the folder's
- * private side: the memory layer's state and life cycle, and what its files
- * share (mem.c, arena.c, regcache.c, export.c, pd.c); the rest of the
- * library goes through mem/mem.h. */
+ * the post path's address -> keys lookup.  Pure bookkeeping over a struct
+ * mw__reg_backend, so it runs (and is tested) without an RDMA device.  Also
+ * the folder's private side: the memory layer's state and life cycle, and
+ * what its files share (layer.c, keys.c, arena.c, regcache.c, export.c,
+ * pd.c); the rest of the library goes through mem/mem.h. */
 #ifndef MW_MEM_REGION_H
 #define MW_MEM_REGION_H
 
@@ -177,7 +177,7 @@ struct mw__mem {
     mw_ctx_t *ctx;
     struct mw__registrar rg;
     /* Lookup rule: two indexes, each pairwise disjoint; the post path tries
-     * the arena's, then mw_reg's (see mem.c for how merging keeps the
+     * the arena's, then mw_reg's (see regcache.c for how merging keeps the
      * latter disjoint). */
     struct mw__rindex arena_ix;   /* one region per arena mapping */
     struct mw__rindex user_ix;    /* outermost live mw_reg regions */
@@ -278,13 +278,5 @@ void mw__regcache_free(struct mw__mem *m);
  * went since the last look: before a lookup may trust the index.  One
  * atomic load when nothing went. */
 void mw__regcache_sync(struct mw__mem *m);
-
-/* mw__region_dereg_later() - deregister @r's device keys on the helper
- * thread when it is large (the loop must not wait), else now (its keys in
- * protection domains go now either way: a domain is freed right after its
- * connection, and must hold nothing by then); @r is unlinked either
- * way and may be freed when this returns.  Returns the first error seen
- * now (0 when left to the helper). */
-int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r);
 
 #endif

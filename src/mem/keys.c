@@ -1,17 +1,16 @@
-/* Registered memory: devices and connections' domains joining the memory
- * layer (layer.c makes it), and the post path's address -> keys lookup.  A
- * lookup tries the arena's index (mw_alloc), then mw_reg's (regcache.c):
- * each holds disjoint regions, so binary search finds the one containing a
- * range, and any live region containing it has valid keys. */
+/* Which keys memory has: devices and connections' domains joining the
+ * memory layer (layer.c makes it), and the post path's address -> keys
+ * lookup.  A lookup tries the arena's index (mw_alloc), then mw_reg's
+ * (regcache.c): each holds disjoint regions, so binary search finds the one
+ * containing a range, and any live region containing it has valid keys. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "core/alloc.h"
-#include "core/handle.h"
-#include "mem/region.h"
 #include "core/worker.h"
+#include "mem/region.h"
 
 /* ------------------------------------------------------------------------
  * Devices and protection domains joining, and the lookup
@@ -137,53 +136,6 @@ int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
     MW_LOG(ctx, MW_LOG_DEBUG, "device %d: registering %zu region(s), %llu MiB, off the loop",
            dev->index, d->n, (unsigned long long)(bytes >> 20));
     return 1;
-}
-
-/* Deregistering on the helper thread: the handles, detached from their
- * region, with the backend that made them. */
-struct dereg_job {
-    struct mw__job job;
-    mw_ctx_t *ctx;
-    struct mw__reg_backend be;
-    struct mw__keys *keys;
-    int n, failed;
-};
-
-static void dereg_work(struct mw__job *j)
-{
-    struct dereg_job *d = (struct dereg_job *)j;
-    for (int i = 0; i < d->n; i++)
-        if (d->keys[i].handle && d->be.dereg(d->be.be, d->keys[i].handle) != 0)
-            d->failed++;
-}
-
-static void dereg_done(struct mw__job *j)
-{
-    struct dereg_job *d = (struct dereg_job *)j;
-    for (int i = 0; i < d->n; i++)
-        d->ctx->stats.deregistrations += d->keys[i].handle != NULL;
-    if (d->failed)
-        MW_LOG(d->ctx, MW_LOG_WARN, "deregistering memory failed on %d device(s)", d->failed);
-    mw__free(d->keys);
-    mw__free(d);
-}
-
-int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r)
-{
-    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
-    if (!d)
-        return mw__region_fini(&m->rg, r);
-    int rc = mw__region_drop_pd_keys(&m->rg, r);
-    *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,
-                            .be = m->rg.be, .keys = r->keys, .n = r->nkeys};
-    r->keys = NULL;               /* the job owns them now */
-    r->nkeys = 0;
-    mw__list_del(&r->link);
-    if (mw__worker_submit(m->ctx, &d->job) < 0) {
-        dereg_work(&d->job);      /* no helper: here, then */
-        dereg_done(&d->job);
-    }
-    return rc;
 }
 
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
