@@ -10,7 +10,7 @@
 #include "cm/cm.h"
 #include "core/alloc.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 
 struct mw_batch {
     mw_conn_t *conn;              /* its connection's handle, checked per post */

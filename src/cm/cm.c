@@ -223,7 +223,8 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     }
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
     ctx->layers[MW__LAYER_CM] =
-        (struct mw__layer){cm, cm_teardown, cm_device_event, cm_device_ready};
+        (struct mw__layer){.state = cm, .teardown = cm_teardown,
+                           .device_event = cm_device_event, .device_ready = cm_device_ready};
     return cm;
 }
 

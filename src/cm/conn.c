@@ -15,7 +15,7 @@
 #include "core/check.h"
 #include "core/cq.h"
 #include "core/dev.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/future.h"
 #include "core/handle.h"
 #include "core/op.h"

@@ -49,7 +49,7 @@
 #include "cm/lqp.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 
 /* The setup of a connection's same-host channel (c->path.rv), gone once the
  * accepting side decided (passive) or the connection is established

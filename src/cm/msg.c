@@ -16,7 +16,7 @@
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
 
 /* --- receive slots ------------------------------------------------------- */

@@ -22,10 +22,10 @@
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
 
-/* A connection's exports (core/mem.h: each its own registration, the only
+/* A connection's exports (mem/mem.h: each its own registration, the only
  * kind with remote access, withdrawn when its memory is released).  (Type
  * 2 memory windows would also tie the key to the QP, but rxe checks a
  * window's accesses against its MR's range, not its own.) */

@@ -12,7 +12,7 @@
 #include "core/alloc.h"
 #include "core/cq.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
 
 static void on_send_done(struct mw__op *op, const struct ibv_wc *wc);

@@ -13,7 +13,7 @@
 #include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/future.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 
 /* Below this many bytes allreduce uses recursive doubling (log2 n steps of
  * the whole vector), from it on the ring (2(n-1) steps of 1/n of it).

@@ -576,7 +576,7 @@ static struct colls *colls_get(mw_ctx_t *ctx)
     struct colls *cl = ctx->layers[MW__LAYER_COLL].state;
     if (!cl && (cl = mw__calloc(1, sizeof *cl))) {
         mw__list_init(&cl->comms);
-        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){cl, colls_teardown, NULL, NULL};
+        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){.state = cl, .teardown = colls_teardown};
     }
     return cl;
 }

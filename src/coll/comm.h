@@ -16,7 +16,7 @@ struct mw__connecting;
 
 /* The collectives layer's slot in the context: communicators not yet
  * freed, so that the context's teardown frees them too. */
-#define MW__LAYER_COLL 1
+#define MW__LAYER_COLL 2
 
 /* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
  * slots round robin; RC delivers a connection's writes in order, so the

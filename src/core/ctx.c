@@ -1,36 +1,12 @@
-/* The context: joins (or owns) a libevent base, runs deferred tasks from it,
- * and tears everything down in reverse order of dependency. */
-#include <errno.h>
-#include <stdlib.h>
+/* The context's task queue: work deferred to the loop, run from one
+ * libevent event (life.c makes and frees the context itself). */
 #include <sys/time.h>
 
 #include <event2/event.h>
 
-#include "core/alloc.h"
 #include "core/ctx.h"
-#include "core/dev.h"
-#include "core/future.h"
-#include "core/mem.h"
-#include "core/op.h"
-#include "core/worker.h"
 
 const struct timeval mw__zero_tv = {0, 0};
-
-void mw_ctx_opts_init(mw_ctx_opts_t *opts)
-{
-    *opts = (mw_ctx_opts_t){
-        .log_level = mw__log_level_from_env(MW_LOG_WARN),
-        .cq_depth = 0,
-        .max_wc_per_turn = 0,
-    };
-}
-
-static void on_defer(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    mw__run_deferred(arg);
-}
 
 void mw__defer(mw_ctx_t *ctx, struct mw__task *t)
 {
@@ -84,102 +60,4 @@ void mw__run_deferred(mw_ctx_t *ctx)
      * pass, and a chain of callbacks would never yield. */
     if (ctx->defer_head)
         mw__ev_add(ctx, ctx->defer_ev, &mw__zero_tv);
-}
-
-int mw_ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts)
-{
-    if (!ctxp)
-        return -EINVAL;
-    mw_ctx_t *ctx = mw__calloc(1, sizeof *ctx);
-    if (!ctx)
-        return -ENOMEM;
-    int rc = -ENOMEM;
-    if (opts)
-        ctx->opts = *opts;
-    else
-        mw_ctx_opts_init(&ctx->opts);
-    if (!ctx->opts.max_wc_per_turn)
-        ctx->opts.max_wc_per_turn = 1024;
-    mw__list_init(&ctx->futures);
-    ctx->defer_tail = &ctx->defer_head;
-    ctx->base = base;
-    if (!base) {
-        /* Not EVENT_BASE_FLAG_PRECISE_TIMER: with it libevent's epoll
-         * backend re-arms a timerfd (a system call) on every loop turn whose
-         * earliest timer changed, i.e. on every receive; millisecond
-         * timeouts need no more than epoll_wait's own. */
-        ctx->base = event_base_new();
-        if (!ctx->base)
-            goto fail;
-        ctx->own_base = true;
-    }
-    ctx->defer_ev = event_new(ctx->base, -1, 0, on_defer, ctx);
-    if (!ctx->defer_ev)
-        goto fail;
-    if ((rc = mw__loop_new(ctx)) < 0 || (rc = mw__ops_new(ctx)) < 0 ||
-        (rc = mw__mem_new(ctx, NULL)) < 0)
-        goto fail;
-    mw__fork_protect(ctx);        /* before anything is registered */
-    mw__mem_reserve(ctx, MW__MEM_RESERVE_BYTES);
-    *ctxp = ctx;
-    return 0;
-fail:
-    mw_ctx_free(ctx);
-    return rc;
-}
-
-/* Called from one of the context's callbacks, the loop that called out
- * still runs on the context: on return it would touch what was freed (the
- * task queue, the connection that accepted, the base of its own that
- * mw_ctx_progress is inside).  Refused, not deferred: a deferred free has
- * no place to run that every way of driving the loop passes through (a
- * caller's event_base_dispatch, mw_wait, mw_ctx_progress). */
-static bool called_out(const mw_ctx_t *ctx)
-{
-    return ctx->in_callback > 0 || ctx->in_handler > 0;
-}
-
-int mw_ctx_free(mw_ctx_t *ctx)
-{
-    if (!ctx)
-        return 0;
-    if (called_out(ctx)) {
-        MW_LOG(ctx, MW_LOG_ERROR, "mw_ctx_free() from inside a meshwire callback: refused, "
-               "nothing freed (free the context once the callback has returned)");
-        return -EDEADLK;
-    }
-    ctx->closing = true;
-    for (int i = MW__LAYERS; i-- > 0;)
-        if (ctx->layers[i].teardown)
-            ctx->layers[i].teardown(ctx, ctx->layers[i].state);
-    /* Pending work fails first, and its callbacks run while everything
-     * they may touch still exists. */
-    mw__ops_fail_all(ctx);
-    mw__future_fail_all(ctx);
-    while (ctx->defer_head)
-        mw__run_deferred(ctx);
-    mw__worker_free(ctx);    /* its last jobs hand their registrations back */
-    while (ctx->defer_head)
-        mw__run_deferred(ctx);
-    mw__future_detach_all(ctx);
-    mw__mem_free(ctx);       /* MRs before the PDs they belong to */
-    mw__devs_free(ctx);      /* CQs, PDs, the completion channel */
-    mw__ops_free(ctx);
-    mw__loop_free(ctx);
-    if (ctx->defer_ev)
-        event_free(ctx->defer_ev);
-    if (ctx->own_base)
-        event_base_free(ctx->base);
-    mw__free(ctx);
-    return 0;
-}
-
-struct event_base *mw_ctx_base(mw_ctx_t *ctx)
-{
-    return ctx->base;
-}
-
-void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out)
-{
-    *out = ctx->stats;
 }

@@ -12,7 +12,6 @@
 #include "core/list.h"
 
 struct event;
-struct mw__mem;
 struct mw__devs;
 struct mw__ops;
 struct mw__loop;
@@ -30,8 +29,10 @@ struct mw__task {
 struct mw__dev;
 struct ibv_async_event;
 
-/* Layers above core (cm, coll) keep their per-context state here, in a slot
- * of their own, and are torn down first, highest slot first. */
+/* Layers above core (mem, cm, coll, dir) keep their per-context state here,
+ * in a slot of their own (MW__LAYER_MEM, MW__LAYER_CM...: the lowest layer
+ * has the lowest slot), and are torn down first, highest slot first.  Core
+ * calls them only through these hooks: it knows no layer by name. */
 #define MW__LAYERS 4
 struct mw__layer {
     void *state;
@@ -45,6 +46,22 @@ struct mw__layer {
     /* A device opened with much memory to register became usable (@err 0)
      * or could not be (its slot is empty again).  Optional. */
     void (*device_ready)(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int err);
+    /* A device was opened: take it in before anything can use it (the
+     * memory layer registers what exists with it).  Return 0, 1 when that
+     * finishes later -- mw__dev_ready() then follows; at most one layer may
+     * answer so (today only the memory layer takes devices in) -- or a
+     * negative errno, leaving nothing of the layer's on the device (the
+     * layers asked before it, lowest slot first, are told device_close).
+     * Optional. */
+    int (*device_open)(mw_ctx_t *ctx, void *state, struct mw__dev *dev);
+    /* The device is going away (removed, or unusable): drop what the layer
+     * holds on it, before its protection domain goes.  Optional. */
+    void (*device_close)(mw_ctx_t *ctx, void *state, struct mw__dev *dev);
+    /* Late in mw_ctx_free(), once pending work has failed, its callbacks
+     * ran and the helper thread stopped, before the devices close: the
+     * layer lets go of what it holds on them (registrations), highest slot
+     * first.  Optional. */
+    void (*release)(mw_ctx_t *ctx, void *state);
 };
 
 struct mw_ctx {
@@ -66,7 +83,6 @@ struct mw_ctx {
     struct mw__list futures;      /* every live future (pending ones fail at free) */
     struct mw__devs *devs;        /* opened devices: PD + CQ each */
     struct mw__ops *ops;          /* operation records: wr_id -> op */
-    struct mw__mem *mem;          /* registered arena + registration cache */
     struct mw__layer layers[MW__LAYERS];
     struct mw__loop *loop;        /* mw_ctx_fd's epoll set, hand-offs (loop.c) */
     struct mw__worker *worker;    /* the helper thread, once used (worker.c) */
@@ -89,6 +105,12 @@ uint64_t mw__loop_thread(const mw_ctx_t *ctx);
 void mw__loop_kick(mw_ctx_t *ctx);
 int mw__loop_new(mw_ctx_t *ctx);
 void mw__loop_free(mw_ctx_t *ctx);
+
+/* mw__ctx_new() - core's part of mw_ctx_new(): the loop, the task queue
+ * and the operation records, on @base or a base of its own.  The memory
+ * layer's mw_ctx_new() (mem/layer.c) makes the context through this and puts
+ * itself on it.  Return 0 with *@ctxp set, or a negative errno. */
+int mw__ctx_new(mw_ctx_t **ctxp, struct event_base *base, const mw_ctx_opts_t *opts);
 
 /* mw__now_ms() / mw__now_ns() - CLOCK_MONOTONIC. */
 uint64_t mw__now_ms(void);

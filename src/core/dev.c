@@ -10,7 +10,6 @@
 #include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
-#include "core/mem.h"
 #include "core/worker.h"
 
 #define DEFAULT_CQ_DEPTH 4096
@@ -86,11 +85,36 @@ struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verb
     return NULL;
 }
 
+/* The layers below slot @below let go of @dev, highest first. */
+static void close_in_layers(mw_ctx_t *ctx, struct mw__dev *dev, int below)
+{
+    for (int i = below; i-- > 0;)
+        if (ctx->layers[i].device_close)
+            ctx->layers[i].device_close(ctx, ctx->layers[i].state, dev);
+}
+
+/* Every layer takes the new device in, lowest slot first (ctx.h, device_open):
+ * 0, 1 (one finishes later: mw__dev_ready follows) or a negative errno. */
+static int open_in_layers(mw_ctx_t *ctx, struct mw__dev *dev)
+{
+    int pending = 0;
+    for (int i = 0; i < MW__LAYERS; i++) {
+        struct mw__layer *l = &ctx->layers[i];
+        int rc = l->device_open ? l->device_open(ctx, l->state, dev) : 0;
+        if (rc < 0) {
+            close_in_layers(ctx, dev, i);
+            return rc;
+        }
+        pending |= rc;
+    }
+    return pending;
+}
+
 /* Release what meshwire held on @dev; its slot stays, empty. */
 static void dev_drop(mw_ctx_t *ctx, struct mw__dev *dev)
 {
     mw__worker_flush(ctx);            /* no job may still use its PD */
-    mw__mem_remove_dev(ctx, dev);     /* MRs before the PD */
+    close_in_layers(ctx, dev, MW__LAYERS);   /* MRs before the PD */
     dev_release(dev);
     dev->verbs = NULL;                /* a re-added device gets a new slot */
     dev->removed = true;
@@ -218,13 +242,10 @@ static void notify_ready(struct mw__dev *dev, int err)
             ctx->layers[i].device_ready(ctx, ctx->layers[i].state, dev, err);
 }
 
-/* The helper registered the memory that existed when the device opened. */
-static void registered(struct mw__dev *dev, int err, void *arg)
+void mw__dev_ready(struct mw__dev *dev, int err)
 {
-    (void)arg;
     mw_ctx_t *ctx = dev->ctx;
     dev->ready = true;
-    mw__mem_unreserve(ctx);           /* for the connections that waited */
     if (err) {                        /* not removed: unusable, and said why */
         MW_LOG(ctx, MW_LOG_ERROR, "%s: connections through it fail",
                dev->why[0] ? dev->why : mw_strerror(err));
@@ -237,28 +258,6 @@ static void registered(struct mw__dev *dev, int err, void *arg)
         MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: memory registered, ready", dev->name);
     }
     notify_ready(dev, err);
-}
-
-/* fork() and registered memory.  Kernels that copy pinned pages into a
- * child at fork (rdma-core reports IBV_FORK_UNNEEDED; Debian 12's 6.1 does)
- * leave the parent's registrations on the parent's pages: nothing to do.
- * On older kernels the parent's next write to such a page after a fork
- * would land in a copy the device never sees; libibverbs' fork support
- * (MADV_DONTFORK on every registration) prevents that -- those pages are
- * then absent in the child -- and must be on before the first
- * registration in the process. */
-void mw__fork_protect(mw_ctx_t *ctx)
-{
-    if (ibv_is_fork_initialized() != IBV_FORK_DISABLED)
-        return;
-    int rc = ibv_fork_init();
-    if (rc)
-        MW_LOG(ctx, MW_LOG_WARN, "fork() is not safe with registered memory in this process: "
-               "ibv_fork_init: %s (memory was registered before the first context?)",
-               mw_strerror(-rc));
-    else
-        MW_LOG(ctx, MW_LOG_INFO, "libibverbs fork support on: registered memory is "
-               "absent in forked children");
 }
 
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
@@ -281,16 +280,14 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
     int rc = dev_open(ctx, verbs, d->n, &dev);
     if (rc < 0)
         return rc;
-    /* Memory registered so far (arena extents, mw_reg ranges) becomes
-     * usable on the new device before anyone can post on it: now, or, when
-     * there is much, once the helper thread has registered it. */
-    if ((rc = mw__mem_add_dev_async(ctx, dev, registered, NULL)) < 0) {
+    /* The layers take it in before anyone can post on it: the memory layer
+     * registers what exists with it now, or, when there is much, on the
+     * helper thread (it is then not ready until mw__dev_ready). */
+    if ((rc = open_in_layers(ctx, dev)) < 0) {
         dev_close(dev);
         return rc;
     }
     dev->ready = rc == 0;
-    if (dev->ready)
-        mw__mem_unreserve(ctx);
     d->v[d->n++] = dev;
     ctx->stats.devices++;
     MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, max_mr_size %llu)",

@@ -22,7 +22,8 @@ struct mw__dev {
     struct event *async_ev;        /* the device's asynchronous events */
     bool removed;                  /* hot-removed: verbs, pd, cq gone */
     bool broken;                   /* its CQ failed or it reported a fatal error */
-    bool ready;                    /* every region has its keys here */
+    bool ready;                    /* every layer took it in (every region
+                                      has its keys here) */
     bool remove_pending;           /* removed while registering: finish after */
     char why[192];                 /* "RDMA device NAME cannot register...":
                                       why registering memory with it failed,
@@ -49,16 +50,18 @@ uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max);
 bool mw__dev_post_timed(uint64_t bytes);
 void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 
-/* mw__fork_protect() - make fork() safe for registered memory, once per
- * process, before anything is registered (see dev.c). */
-void mw__fork_protect(mw_ctx_t *ctx);
-
-/* mw__dev_get() - the device record for @verbs, opening it (PD, CQ,
- * registering all existing memory with the new PD) on first use.  Much
- * memory is registered off the loop: the device is returned with ready
- * false, and the layers' device_ready hook says when it is usable.
+/* mw__dev_get() - the device record for @verbs, opening it (PD, CQ, the
+ * layers' device_open: the memory layer registers all existing memory with
+ * the new PD) on first use.  Much memory is registered off the loop: the
+ * device is returned with ready false, and the layers' device_ready hook
+ * says when it is usable.
  * Return: 0 or a negative errno. */
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
+
+/* mw__dev_ready() - the layer whose device_open answered 1 has taken @dev in
+ * (@err 0) or could not (dev->why may say why; the device is dropped, its
+ * slot empty): @dev is ready, and the layers' device_ready hooks are told. */
+void mw__dev_ready(struct mw__dev *dev, int err);
 
 /* mw__dev_count() / mw__dev_at() - the devices opened so far. */
 int mw__dev_count(const mw_ctx_t *ctx);
@@ -72,21 +75,13 @@ void mw__devs_free(mw_ctx_t *ctx);
  * the kernel can finish the removal.  The slot stays, empty: device
  * indexes (and the keys tables by index) keep their meaning. */
 void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev);
-/* mw__pd_new() / mw__pd_free() - a protection domain of its own for one
- * connection on @dev (pd.c; core/mem.h says why).  Free it after its queue
- * pair and its exports: it drops the registrations made in it.  The first
- * returns 0 or a negative errno. */
-struct mw__pd;
-int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out);
-void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd);
-
 /* mw__dev_find() - the open device with verbs context @verbs, or NULL. */
 struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs);
-
-#endif
 
 /* mw__dev_reserve_cqe() / mw__dev_release_cqe() - account for @n CQ entries
  * a new queue pair may produce, growing the device's CQ (up to the device's
  * max_cqe) so it can never overrun.  Return 0 or -ENOSPC / the resize error. */
 int mw__dev_reserve_cqe(struct mw__dev *dev, int n);
 void mw__dev_release_cqe(struct mw__dev *dev, int n);
+
+#endif

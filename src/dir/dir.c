@@ -80,7 +80,7 @@ static struct dirs *dirs_get(mw_ctx_t *ctx)
     struct dirs *ds = ctx->layers[MW__LAYER_DIR].state;
     if (!ds && (ds = mw__calloc(1, sizeof *ds))) {
         mw__list_init(&ds->all);
-        ctx->layers[MW__LAYER_DIR] = (struct mw__layer){ds, dirs_teardown, NULL, NULL};
+        ctx->layers[MW__LAYER_DIR] = (struct mw__layer){.state = ds, .teardown = dirs_teardown};
     }
     return ds;
 }

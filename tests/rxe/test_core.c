@@ -15,9 +15,9 @@
 #include <event2/event.h>
 
 #include "core/cq.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/op.h"
-#include "core/region.h"
+#include "mem/region.h"
 #include "rxe_util.h"
 
 static const char *addrs[2];
@@ -182,7 +182,7 @@ static void user_memory_registered_and_cached(void **state)
      * these very pages until they go (test_mem shows them go) */
     uint32_t lk, rk;
     assert_int_equal(mw__mem_dev_keys(f->ctx, f->qp.cdev, src, len, &lk, &rk),
-                     f->ctx->mem->uffd ? 0 : -EFAULT);
+                     mw__mem_of(f->ctx)->uffd ? 0 : -EFAULT);
     free(src);
     free(dst);
 }

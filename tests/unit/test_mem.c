@@ -23,9 +23,9 @@
 
 #include "core/ctx.h"
 #include "core/dev.h"
-#include "core/mem.h"
+#include "mem/mem.h"
 #include "core/worker.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 /* ------------------------------------------------------------------------
  * Fake backend
@@ -165,7 +165,7 @@ static int setup(void **state)
     assert_int_equal(mw_ctx_new(&e->ctx, NULL, &o), 0);
     /* Swap the real backend for the fake (see the top of the file). */
     mw__mem_free(e->ctx);
-    assert_null(e->ctx->mem);
+    assert_null(mw__mem_of(e->ctx));
     e->be = (struct mw__reg_backend){.reg = fake_reg, .dereg = fake_dereg, .be = &e->fake};
     assert_int_equal(mw__mem_new(e->ctx, &e->be), 0);
     for (int i = 0; i < NDEV; i++)
@@ -180,7 +180,7 @@ static int setup_unkept(void **state)
 {
     setup(state);
     struct env *e = *state;
-    e->ctx->mem->uffd_tried = -ENOSYS;
+    mw__mem_of(e->ctx)->uffd_tried = -ENOSYS;
     return 0;
 }
 
@@ -461,7 +461,7 @@ static bool kept(struct env *e, char *p, size_t len)
     mw_mr_t *mr;
     assert_int_equal(mw_reg(e->ctx, p, len, &mr), 0);
     assert_int_equal(mw_dereg(e->ctx, mr), 0);
-    if (e->ctx->mem->uffd)
+    if (mw__mem_of(e->ctx)->uffd)
         return true;
     assert_int_equal(e->fake.deregs, e->fake.regs);   /* dropped at once instead */
     return false;
@@ -548,7 +548,7 @@ static void idle_registrations_are_capped(void **state)
             munmap(p[i], len);
         skip();
     }
-    e->ctx->mem->idle_max = 2 * len;
+    mw__mem_of(e->ctx)->idle_max = 2 * len;
     for (int i = 1; i < 3; i++) {
         mw_mr_t *mr;
         assert_int_equal(mw_reg(e->ctx, p[i], len, &mr), 0);

@@ -1,11 +1,13 @@
 /* Regions: address ranges registered with every device the memory layer
  * knows, their per-device keys, their keys in each connection's protection
  * domain where a connection has posted from them, and a sorted index for
- * the post path's address -> keys lookup.  Pure bookkeeping over a struct mw__reg_backend,
- * so it runs (and is tested) without an RDMA device.  Also the state shared
- * by mem.c (mw__mem_*, mw_reg) and arena.c (mw_alloc, jemalloc hooks). */
-#ifndef MW_CORE_REGION_H
-#define MW_CORE_REGION_H
+ * the post path's address -> keys lookup.  Pure bookkeeping over a struct
+ * mw__reg_backend, so it runs (and is tested) without an RDMA device.  Also
+ * the folder's private side: the memory layer's state and life cycle, and
+ * what its files share (layer.c, keys.c, arena.c, regcache.c, export.c,
+ * pd.c); the rest of the library goes through mem/mem.h. */
+#ifndef MW_MEM_REGION_H
+#define MW_MEM_REGION_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,7 +16,20 @@
 #include "core/ctx.h"
 #include "core/dev.h"
 #include "core/list.h"
-#include "core/mem.h"
+#include "mem/mem.h"
+
+/* How a region gets registered with one device, or in one connection's
+ * protection domain (@pd; NULL: the device's own).  The real backend calls
+ * ibv_reg_mr/ibv_dereg_mr; unit tests substitute a fake. */
+struct mw__reg_backend {
+    /* register [addr, addr+len); fill keys; return a handle or NULL with
+     * errno set */
+    void *(*reg)(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
+                 size_t len, uint32_t *lkey, uint32_t *rkey);
+    /* release a handle from reg(); return 0 or a negative errno */
+    int (*dereg)(void *be, void *handle);
+    void *be;
+};
 
 /* One device's registration of a region; handle NULL = not registered. */
 struct mw__keys {
@@ -151,7 +166,7 @@ size_t mw__rindex_overlap(const struct mw__rindex *ix, uintptr_t start,
                           uintptr_t end, size_t *first);
 
 /* ------------------------------------------------------------------------
- * The memory layer's state, shared by mem.c and arena.c
+ * The memory layer's state and life cycle, shared by the folder's files
  * ------------------------------------------------------------------------ */
 
 struct mw__arena;
@@ -162,7 +177,7 @@ struct mw__mem {
     mw_ctx_t *ctx;
     struct mw__registrar rg;
     /* Lookup rule: two indexes, each pairwise disjoint; the post path tries
-     * the arena's, then mw_reg's (see mem.c for how merging keeps the
+     * the arena's, then mw_reg's (see regcache.c for how merging keeps the
      * latter disjoint). */
     struct mw__rindex arena_ix;   /* one region per arena mapping */
     struct mw__rindex user_ix;    /* outermost live mw_reg regions */
@@ -181,6 +196,76 @@ struct mw__mem {
     uint64_t idle_bytes, idle_max;
 };
 
+/* mw__mem_of() - the memory layer's state on @ctx (its slot), or NULL. */
+static inline struct mw__mem *mw__mem_of(const mw_ctx_t *ctx)
+{
+    return ctx->layers[MW__LAYER_MEM].state;
+}
+
+/* mw__mem_new() - set up the memory layer on @ctx, in its slot (arena
+ * created lazily on first alloc); @backend NULL means ibv_reg_mr.  Return 0
+ * or a negative errno (-EEXIST: the slot is taken). */
+int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend);
+
+/* mw__mem_free() - destroy the arena, deregister everything, empty the
+ * slot. */
+void mw__mem_free(mw_ctx_t *ctx);
+
+/* mw__mem_add_dev() - a device was opened: register every live region with
+ * it, and every later region too.  The memory layer keeps its own list of
+ * the devices added here (it calls nothing in dev.c), indexed by dev->index.
+ * Return 0 or a negative errno. */
+int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+/* mw__mem_add_dev_async() - as mw__mem_add_dev(), but when the live
+ * regions come to more than MW__REG_INLINE_BYTES the helper thread
+ * registers them (pinning and faulting in pages: about a second per GiB on
+ * soft-RoCE, milliseconds per MiB in a VM: the loop must not wait) and @done(dev, err, arg) runs from the loop once it has; regions
+ * made meanwhile register with @dev at once, as usual.  Return 0 (done
+ * now: @done is not called), 1 (pending: @done will be), or a negative
+ * errno. */
+#define MW__REG_INLINE_BYTES (1u << 20)
+int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
+                          void (*done)(struct mw__dev *dev, int err, void *arg), void *arg);
+
+/* mw__mem_remove_dev() - the device is going away: deregister everything
+ * from it. */
+void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev);
+
+/* mw__mem_add_pd() / mw__mem_remove_pd() - a connection's protection
+ * domain joins the memory layer (a slot, nothing registered yet) / leaves
+ * it (every registration in it dropped: it may be deallocated).  The first
+ * returns 0 or -ENOMEM. */
+int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd);
+
+/* mw__mem_dev_keys() - whether [addr, addr+len) lies inside one region
+ * registered with @dev, and that registration's keys (@lkey, @rkey may be
+ * NULL).  Return 0, -EFAULT (not registered), -ENODEV (@dev unknown). */
+int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                     uint32_t *lkey, uint32_t *rkey);
+
+/* mw__memlock_why() - describe the failure @err of registering @bytes
+ * into @buf: when RLIMIT_MEMLOCK refused it (ENOMEM, a finite limit, no
+ * CAP_IPC_LOCK), naming the limit and what it would take, and returning
+ * true; else with mw_strerror(@err), returning false.  Short enough to
+ * quote in a connection's message (under 110 bytes).  memlock.c */
+bool mw__memlock_why(int err, uint64_t bytes, char *buf, size_t n);
+
+/* mw__mem_reserve() / mw__mem_unreserve() - hold @bytes of mw_alloc()
+ * memory from context creation until the first device is usable, then
+ * give it back to the arena.  Growing the arena costs tens of milliseconds
+ * in a VM (jemalloc's arena, faulting in the pages); done at creation, with
+ * no device yet, it registers nothing, and the first device registers it
+ * off the loop: the first connections then find their slots registered
+ * already, with no growth inside an rdma_cm handler. */
+#define MW__MEM_RESERVE_BYTES (8u << 20)
+void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes);
+void mw__mem_unreserve(mw_ctx_t *ctx);
+
+/* mw__exports_withdraw_range() - withdraw every export overlapping
+ * [start, end): the memory is being released. */
+void mw__exports_withdraw_range(mw_ctx_t *ctx, uintptr_t start, uintptr_t end);
+
 /* mw__arena_destroy() - (arena.c) destroy the jemalloc arena, deregister
  * and unmap every mapping; for mw__mem_free(). */
 void mw__arena_destroy(struct mw__mem *m);
@@ -193,13 +278,5 @@ void mw__regcache_free(struct mw__mem *m);
  * went since the last look: before a lookup may trust the index.  One
  * atomic load when nothing went. */
 void mw__regcache_sync(struct mw__mem *m);
-
-/* mw__region_dereg_later() - deregister @r's device keys on the helper
- * thread when it is large (the loop must not wait), else now (its keys in
- * protection domains go now either way: a domain is freed right after its
- * connection, and must hold nothing by then); @r is unlinked either
- * way and may be freed when this returns.  Returns the first error seen
- * now (0 when left to the helper). */
-int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r);
 
 #endif

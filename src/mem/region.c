@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 /* ------------------------------------------------------------------------
  * Registration

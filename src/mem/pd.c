@@ -1,4 +1,4 @@
-/* Connections' protection domains (core/mem.h, struct mw__pd): one per
+/* Connections' protection domains (mem/mem.h, struct mw__pd): one per
  * queue pair, so that a key works only on the connection it was made for. */
 #include <errno.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/dev.h"
-#include "core/mem.h"
+#include "mem/region.h"
 
 int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out)
 {

@@ -14,8 +14,8 @@
  * lookup that finds the count unchanged (one atomic load, no system call)
  * may trust what it found; else it takes the ranges (mw__uffd_take) and
  * drops what they cover. */
-#ifndef MW_CORE_UFFD_H
-#define MW_CORE_UFFD_H
+#ifndef MW_MEM_UFFD_H
+#define MW_MEM_UFFD_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -12,7 +12,7 @@
 
 #include <linux/capability.h>
 
-#include "core/mem.h"
+#include "mem/region.h"
 
 static bool has_ipc_lock(void)
 {

@@ -28,7 +28,7 @@
 #include <jemalloc/jemalloc.h>
 
 #include "core/alloc.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 struct mw__arena {
     extent_hooks_t hooks;     /* jemalloc hands this back; container_of finds us */
@@ -339,11 +339,11 @@ static int arena_create(struct mw__mem *m)
 
 void *mw_alloc(mw_ctx_t *ctx, size_t size)
 {
-    if (!ctx || !ctx->mem || !size) {
+    if (!ctx || !mw__mem_of(ctx) || !size) {
         errno = EINVAL;
         return NULL;
     }
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     int rc = m->arena ? 0 : arena_create(m);
     if (rc < 0) {
         errno = -rc;
@@ -365,31 +365,31 @@ void mw_free(mw_ctx_t *ctx, void *p)
 {
     if (!p)
         return;
-    struct mw__arena *a = ctx && ctx->mem ? ctx->mem->arena : NULL;
+    struct mw__arena *a = ctx && mw__mem_of(ctx) ? mw__mem_of(ctx)->arena : NULL;
     if (!a) {
         if (ctx)
             MW_LOG(ctx, MW_LOG_WARN, "mw_free(%p): nothing was allocated", p);
         return;
     }
     /* never handed out again while a peer's key reaches it */
-    if (!mw__list_empty(&ctx->mem->exports))
+    if (!mw__list_empty(&mw__mem_of(ctx)->exports))
         mw__exports_withdraw_range(ctx, (uintptr_t)p, (uintptr_t)p + sallocx(p, 0));
     ev_begin(a);
     dallocx(p, MALLOCX_TCACHE_NONE);
-    ev_report(ctx->mem, a, "mw_free");
+    ev_report(mw__mem_of(ctx), a, "mw_free");
 }
 
 void mw__mem_reserve(mw_ctx_t *ctx, size_t bytes)
 {
-    if (ctx && ctx->mem && !ctx->mem->reserve)
-        ctx->mem->reserve = mw_alloc(ctx, bytes);   /* NULL: grown later, inline */
+    if (ctx && mw__mem_of(ctx) && !mw__mem_of(ctx)->reserve)
+        mw__mem_of(ctx)->reserve = mw_alloc(ctx, bytes);   /* NULL: grown later, inline */
 }
 
 void mw__mem_unreserve(mw_ctx_t *ctx)
 {
-    if (ctx && ctx->mem && ctx->mem->reserve) {
-        mw_free(ctx, ctx->mem->reserve);
-        ctx->mem->reserve = NULL;
+    if (ctx && mw__mem_of(ctx) && mw__mem_of(ctx)->reserve) {
+        mw_free(ctx, mw__mem_of(ctx)->reserve);
+        mw__mem_of(ctx)->reserve = NULL;
     }
 }
 

@@ -7,7 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include "core/dev.h"
-#include "core/region.h"
+#include "mem/region.h"
 
 int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e)
@@ -25,7 +25,7 @@ int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t le
     e->start = (uintptr_t)addr;
     e->end = e->start + len;
     e->rkey = e->mr->rkey;
-    mw__list_add_tail(&ctx->mem->exports, &e->link);
+    mw__list_add_tail(&mw__mem_of(ctx)->exports, &e->link);
     return 0;
 }
 
@@ -41,7 +41,7 @@ void mw__export_withdraw(mw_ctx_t *ctx, struct mw__export *e)
 
 void mw__exports_withdraw_range(mw_ctx_t *ctx, uintptr_t start, uintptr_t end)
 {
-    struct mw__list *h = &ctx->mem->exports;
+    struct mw__list *h = &mw__mem_of(ctx)->exports;
     for (struct mw__list *n = h->next, *next; n != h; n = next) {
         next = n->next;
         struct mw__export *e = mw__container_of(n, struct mw__export, link);

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
-#include "core/uffd.h"
+#include "mem/uffd.h"
 
 #define PAGE ((uintptr_t)4096)
 

@@ -30,8 +30,8 @@
 
 #include "core/alloc.h"
 #include "core/handle.h"
-#include "core/region.h"
-#include "core/uffd.h"
+#include "mem/region.h"
+#include "mem/uffd.h"
 #include "core/worker.h"
 
 /* A mw_reg() region. */
@@ -91,6 +91,58 @@ static void unindex(struct mw__mem *m, struct ureg *u)
     u->parent = NULL;
 }
 
+/* Deregistering on the helper thread: the handles, detached from their
+ * region, with the backend that made them. */
+struct dereg_job {
+    struct mw__job job;
+    mw_ctx_t *ctx;
+    struct mw__reg_backend be;
+    struct mw__keys *keys;
+    int n, failed;
+};
+
+static void dereg_work(struct mw__job *j)
+{
+    struct dereg_job *d = (struct dereg_job *)j;
+    for (int i = 0; i < d->n; i++)
+        if (d->keys[i].handle && d->be.dereg(d->be.be, d->keys[i].handle) != 0)
+            d->failed++;
+}
+
+static void dereg_done(struct mw__job *j)
+{
+    struct dereg_job *d = (struct dereg_job *)j;
+    for (int i = 0; i < d->n; i++)
+        d->ctx->stats.deregistrations += d->keys[i].handle != NULL;
+    if (d->failed)
+        MW_LOG(d->ctx, MW_LOG_WARN, "deregistering memory failed on %d device(s)", d->failed);
+    mw__free(d->keys);
+    mw__free(d);
+}
+
+/* Deregister @r's device keys on the helper thread when it is large (the
+ * loop must not wait), else now (its keys in protection domains go now
+ * either way: a domain is freed right after its connection, and must hold
+ * nothing by then); @r is unlinked either way and may be freed when this
+ * returns.  Returns the first error seen now (0 when left to the helper). */
+static int dereg_later(struct mw__mem *m, struct mw__region *r)
+{
+    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
+    if (!d)
+        return mw__region_fini(&m->rg, r);
+    int rc = mw__region_drop_pd_keys(&m->rg, r);
+    *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,
+                            .be = m->rg.be, .keys = r->keys, .n = r->nkeys};
+    r->keys = NULL;               /* the job owns them now */
+    r->nkeys = 0;
+    mw__list_del(&r->link);
+    if (mw__worker_submit(m->ctx, &d->job) < 0) {
+        dereg_work(&d->job);      /* no helper: here, then */
+        dereg_done(&d->job);
+    }
+    return rc;
+}
+
 /* Deregister @u and free it; nobody holds it and it is out of the index. */
 static int release(struct mw__mem *m, struct ureg *u)
 {
@@ -100,7 +152,7 @@ static int release(struct mw__mem *m, struct ureg *u)
     mw__list_del(&u->link);
     m->nuregs--;
     uintmax_t start = u->r.start, len = u->r.end - u->r.start;
-    int rc = mw__region_dereg_later(m, &u->r);
+    int rc = dereg_later(m, &u->r);
     if (rc < 0)
         MW_LOG(m->ctx, MW_LOG_WARN, "mw_dereg: deregistering [%#jx, +%ju) failed: %s", start,
                len, mw_strerror(rc));
@@ -315,9 +367,9 @@ static int ureg_put(struct mw__mem *m, struct ureg *u)
 int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
 {
     uintptr_t start = (uintptr_t)addr, end;
-    if (!ctx || !ctx->mem || !mrp || !valid_range(addr, len, &end))
+    if (!ctx || !mw__mem_of(ctx) || !mrp || !valid_range(addr, len, &end))
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     bool arena;
     struct ureg *u = lookup(m, start, end, &arena);
     if (!arena && !u) {
@@ -334,18 +386,18 @@ int mw_reg(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp)
 int mw_dereg(mw_ctx_t *ctx, mw_mr_t *handle)
 {
     int err;
-    if (!ctx || !handle || !ctx->mem)
+    if (!ctx || !handle || !mw__mem_of(ctx))
         return -EINVAL;
     struct mw__mr *mr = mw__handle_get(MW__HANDLE(handle), MW__H_MR, __func__, &err);
     if (!mr)
         return err;
-    if (mr->mem != ctx->mem)
+    if (mr->mem != mw__mem_of(ctx))
         return -EINVAL;               /* another context's */
     struct ureg *u = mr->reg;
     mw__list_del(&mr->link);
     mw__handle_release(mr->h);
     mw__free(mr);
-    return u ? ureg_put(ctx->mem, u) : 0;
+    return u ? ureg_put(mw__mem_of(ctx), u) : 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -422,9 +474,9 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
                   void (*done)(void *arg, mw_mr_t *mr, int err), void *arg)
 {
     uintptr_t start = (uintptr_t)addr, end;
-    if (!ctx || !ctx->mem || !mrp || !done || !valid_range(addr, len, &end))
+    if (!ctx || !mw__mem_of(ctx) || !mrp || !done || !valid_range(addr, len, &end))
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     bool arena;
     struct ureg *u = lookup(m, start, end, &arena);
     size_t first;

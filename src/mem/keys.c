@@ -1,95 +1,20 @@
-/* Registered memory: the memory layer's life cycle, devices joining it, and
- * the post path's address -> keys lookup.  A lookup tries the arena's index
- * (mw_alloc), then mw_reg's (regcache.c): each holds disjoint regions, so
- * binary search finds the one containing a range, and any live region
- * containing it has valid keys. */
+/* Which keys memory has: devices and connections' domains joining the
+ * memory layer (layer.c makes it), and the post path's address -> keys
+ * lookup.  A lookup tries the arena's index (mw_alloc), then mw_reg's
+ * (regcache.c): each holds disjoint regions, so binary search finds the one
+ * containing a range, and any live region containing it has valid keys. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <infiniband/verbs.h>
-
 #include "core/alloc.h"
-#include "core/handle.h"
-#include "core/region.h"
 #include "core/worker.h"
+#include "mem/region.h"
 
 /* ------------------------------------------------------------------------
- * The real backend
+ * Devices and protection domains joining, and the lookup
  * ------------------------------------------------------------------------ */
-
-static void *ibv_backend_reg(void *be, struct mw__dev *dev, const struct mw__pd *pd, void *addr,
-                             size_t len, uint32_t *lkey, uint32_t *rkey)
-{
-    (void)be;
-    /* Local access only: a peer reaches memory through the registration
-     * mw_mem_export makes over exactly the range exported, nothing else. */
-    struct ibv_mr *mr = ibv_reg_mr(pd ? pd->pd : dev->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
-    if (!mr)
-        return NULL;           /* errno set by ibv_reg_mr */
-    *lkey = mr->lkey;
-    *rkey = mr->rkey;
-    return mr;
-}
-
-static int ibv_backend_dereg(void *be, void *handle)
-{
-    (void)be;
-    int rc = ibv_dereg_mr(handle); /* returns the errno value itself */
-    return rc > 0 ? -rc : rc;
-}
-
-static const struct mw__reg_backend ibv_backend = {
-    .reg = ibv_backend_reg,
-    .dereg = ibv_backend_dereg,
-};
-
-/* ------------------------------------------------------------------------
- * Life cycle and lookup
- * ------------------------------------------------------------------------ */
-
-int mw__mem_new(mw_ctx_t *ctx, const struct mw__reg_backend *backend)
-{
-    if (!ctx || (backend && (!backend->reg || !backend->dereg)))
-        return -EINVAL;
-    if (ctx->mem)
-        return -EEXIST;
-    struct mw__mem *m = mw__calloc(1, sizeof *m);
-    if (!m)
-        return -ENOMEM;
-    m->ctx = ctx;
-    mw__registrar_init(&m->rg, backend ? backend : &ibv_backend,
-                       &ctx->stats.registrations, &ctx->stats.deregistrations);
-    mw__list_init(&m->uregs);
-    mw__list_init(&m->handles);
-    mw__list_init(&m->exports);
-    mw__list_init(&m->idle);
-    m->uffd_wake = -1;
-    const char *cap = getenv("MW_REG_CACHE_MB");
-    m->idle_max = (cap && *cap ? strtoull(cap, NULL, 10) : 1024) << 20;
-    ctx->mem = m;
-    return 0;
-}
-
-void mw__mem_free(mw_ctx_t *ctx)
-{
-    struct mw__mem *m = ctx ? ctx->mem : NULL;
-    if (!m)
-        return;
-    mw__exports_withdraw_range(ctx, 0, UINTPTR_MAX);   /* their owners went first */
-    mw__arena_destroy(m);
-    mw__regcache_free(m);
-    mw__rindex_fini(&m->arena_ix);
-    if (!mw__list_empty(&m->rg.all))
-        MW_LOG(ctx, MW_LOG_WARN, "memory teardown: regions left registered");
-    MW_LOG(ctx, MW_LOG_DEBUG, "memory teardown: %llu registrations, %llu "
-           "deregistrations", (unsigned long long)ctx->stats.registrations,
-           (unsigned long long)ctx->stats.deregistrations);
-    mw__registrar_fini(&m->rg);
-    mw__free(m);
-    ctx->mem = NULL;
-}
 
 static uint64_t live_bytes(const struct mw__mem *m)
 {
@@ -117,9 +42,9 @@ static void add_dev_failed(mw_ctx_t *ctx, struct mw__dev *dev, int err, size_t n
 
 int mw__mem_add_dev(mw_ctx_t *ctx, struct mw__dev *dev)
 {
-    if (!ctx || !ctx->mem || !dev)
+    if (!ctx || !mw__mem_of(ctx) || !dev)
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     int rc = mw__registrar_add_dev(&m->rg, dev);
     size_t n = m->arena_ix.n + m->nuregs;
     if (rc < 0)
@@ -186,9 +111,9 @@ static void devreg_done(struct mw__job *j)
 int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
                           void (*done)(struct mw__dev *dev, int err, void *arg), void *arg)
 {
-    if (!ctx || !ctx->mem || !dev || !done)
+    if (!ctx || !mw__mem_of(ctx) || !dev || !done)
         return -EINVAL;
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     uint64_t bytes = live_bytes(m);
     if (bytes <= MW__REG_INLINE_BYTES)
         return mw__mem_add_dev(ctx, dev);
@@ -213,68 +138,21 @@ int mw__mem_add_dev_async(mw_ctx_t *ctx, struct mw__dev *dev,
     return 1;
 }
 
-/* Deregistering on the helper thread: the handles, detached from their
- * region, with the backend that made them. */
-struct dereg_job {
-    struct mw__job job;
-    mw_ctx_t *ctx;
-    struct mw__reg_backend be;
-    struct mw__keys *keys;
-    int n, failed;
-};
-
-static void dereg_work(struct mw__job *j)
-{
-    struct dereg_job *d = (struct dereg_job *)j;
-    for (int i = 0; i < d->n; i++)
-        if (d->keys[i].handle && d->be.dereg(d->be.be, d->keys[i].handle) != 0)
-            d->failed++;
-}
-
-static void dereg_done(struct mw__job *j)
-{
-    struct dereg_job *d = (struct dereg_job *)j;
-    for (int i = 0; i < d->n; i++)
-        d->ctx->stats.deregistrations += d->keys[i].handle != NULL;
-    if (d->failed)
-        MW_LOG(d->ctx, MW_LOG_WARN, "deregistering memory failed on %d device(s)", d->failed);
-    mw__free(d->keys);
-    mw__free(d);
-}
-
-int mw__region_dereg_later(struct mw__mem *m, struct mw__region *r)
-{
-    struct dereg_job *d = r->end - r->start > MW__REG_INLINE_BYTES ? mw__calloc(1, sizeof *d) : NULL;
-    if (!d)
-        return mw__region_fini(&m->rg, r);
-    int rc = mw__region_drop_pd_keys(&m->rg, r);
-    *d = (struct dereg_job){.job = {.work = dereg_work, .done = dereg_done}, .ctx = m->ctx,
-                            .be = m->rg.be, .keys = r->keys, .n = r->nkeys};
-    r->keys = NULL;               /* the job owns them now */
-    r->nkeys = 0;
-    mw__list_del(&r->link);
-    if (mw__worker_submit(m->ctx, &d->job) < 0) {
-        dereg_work(&d->job);      /* no helper: here, then */
-        dereg_done(&d->job);
-    }
-    return rc;
-}
-
 void mw__mem_remove_dev(mw_ctx_t *ctx, struct mw__dev *dev)
 {
-    if (ctx && ctx->mem && dev)
-        mw__registrar_remove_dev(&ctx->mem->rg, dev);
+    if (ctx && mw__mem_of(ctx) && dev)
+        mw__registrar_remove_dev(&mw__mem_of(ctx)->rg, dev);
 }
 
 int mw__mem_add_pd(mw_ctx_t *ctx, struct mw__pd *pd)
 {
-    return mw__registrar_add_pd(&ctx->mem->rg, pd);
+    return mw__registrar_add_pd(&mw__mem_of(ctx)->rg, pd);
 }
 
 void mw__mem_remove_pd(mw_ctx_t *ctx, struct mw__pd *pd)
 {
-    if (ctx && ctx->mem && pd)
-        mw__registrar_remove_pd(&ctx->mem->rg, pd);
+    if (ctx && mw__mem_of(ctx) && pd)
+        mw__registrar_remove_pd(&mw__mem_of(ctx)->rg, pd);
 }
 
 /* The live region containing [addr, addr+len) with keys of @dev: 0 with
@@ -296,7 +174,7 @@ static int find(struct mw__mem *m, const struct mw__dev *dev, const void *addr, 
 
 uint64_t mw__mem_epoch(mw_ctx_t *ctx)
 {
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     if (!m)
         return 0;
     mw__regcache_sync(m);         /* memory unmapped since is counted */
@@ -305,14 +183,14 @@ uint64_t mw__mem_epoch(mw_ctx_t *ctx)
 
 void mw__mem_sync(mw_ctx_t *ctx)
 {
-    if (ctx->mem)
-        mw__regcache_sync(ctx->mem);
+    if (mw__mem_of(ctx))
+        mw__regcache_sync(mw__mem_of(ctx));
 }
 
 int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
                      uint32_t *lkey, uint32_t *rkey)
 {
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     if (!m || !mw__registrar_has(&m->rg, dev))
         return -ENODEV;
     struct mw__region *r;
@@ -329,7 +207,7 @@ int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
                  uint32_t *lkey)
 {
-    struct mw__mem *m = ctx->mem;
+    struct mw__mem *m = mw__mem_of(ctx);
     if (!m || !pd || !mw__registrar_has(&m->rg, pd->dev) || pd->slot < 0)
         return -ENODEV;
     struct mw__region *r;
