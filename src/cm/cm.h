@@ -13,8 +13,6 @@
 #include "core/list.h"
 #include "cm/wire.h"
 
-#define MW__LAYER_CM 0
-
 /* A reject's private data: this tag, then a reason as text. */
 #define MW__REJECT_TAG "MWRJ"
 

@@ -30,9 +30,18 @@ struct mw__task {
 struct mw__dev;
 struct ibv_async_event;
 
-/* Layers above core (cm, coll) keep their per-context state here, in a slot
- * of their own, and are torn down first, highest slot first. */
-#define MW__LAYERS 4
+/* Layers above core keep their per-context state here, in a slot of their
+ * own, and are torn down first, highest slot first: a layer goes before
+ * the ones it is built on.  Numbered here, all in one place, so that the
+ * order is seen whole. */
+enum mw__layer_slot {
+    MW__LAYER_CM,                 /* connections (cm.c) */
+    MW__LAYER_COLL,               /* communicators not yet freed, so that
+                                     the context's teardown frees them too */
+    MW__LAYER_DIR,                /* directories (dir.c) */
+    MW__LAYERS
+};
+
 struct mw__layer {
     void *state;
     void (*teardown)(mw_ctx_t *ctx, void *state);
