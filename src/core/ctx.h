@@ -85,6 +85,12 @@ struct mw_ctx {
 /* loop.c: every descriptor the context watches and every timer it adds go
  * through these, so that mw_ctx_fd() can stand for the whole loop. */
 int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv);
+/* mw__ev_add_ms() - mw__ev_add() with a timeout of @ms milliseconds. */
+static inline int mw__ev_add_ms(mw_ctx_t *ctx, struct event *ev, unsigned ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    return mw__ev_add(ctx, ev, &tv);
+}
 int mw__watch_fd(mw_ctx_t *ctx, int fd);
 void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
 /* mw__watch_fd_out() - whether mw_ctx_fd() also wakes when watched @fd
