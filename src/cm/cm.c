@@ -6,6 +6,7 @@
 
 #include <event2/event.h>
 
+#include "cm/addrs.h"
 #include "cm/cm.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
@@ -264,6 +265,16 @@ void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n)
     }
     *nics = cm->nics;
     *n = cm->nnics;
+}
+
+int mw__cm_local_addrs(mw_ctx_t *ctx, const struct mw__nic **nics, size_t *n)
+{
+    int err = 0;
+    struct mw__cm *cm = mw__cm_get(ctx, &err);
+    if (!cm)
+        return err;
+    mw__cm_nics(cm, nics, n);
+    return 0;
 }
 
 void mw__cm_nics_changed(struct mw__cm *cm)

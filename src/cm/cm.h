@@ -15,8 +15,6 @@
 #include "cm/transport.h"
 #include "cm/wire.h"
 
-#define MW__LAYER_CM 1
-
 /* A reject's private data: this tag, then a reason as text. */
 #define MW__REJECT_TAG "MWRJ"
 

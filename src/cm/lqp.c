@@ -46,8 +46,8 @@
 #include <event2/event.h>
 
 #include "cm/lqp.h"
-#include "cm/wire.h"
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/cq.h"
 #include "core/list.h"
 

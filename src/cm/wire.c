@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cm/wire.h"
+#include "core/bytes.h"
 
 _Static_assert(MW__HELLO_LEN <= MW__PRIVATE_DATA_MAX,
                "the handshake must fit RC private data");

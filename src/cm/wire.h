@@ -1,10 +1,11 @@
 /* On-the-wire formats of the connections layer: the handshake carried in
  * rdma_cm private data, and the header of each two-sided message fragment.
  *
- * Everything is encoded field by field in network byte order (no packed
- * struct cast onto a buffer: no alignment or padding surprises, and the
- * layout below is the whole contract).  Decoders validate every field, read
- * nothing past the length they are given, and say why they refuse.
+ * Everything is encoded field by field in network byte order (core/bytes.h;
+ * no packed struct cast onto a buffer: no alignment or padding surprises,
+ * and the layout below is the whole contract).  Decoders validate every
+ * field, read nothing past the length they are given, and say why they
+ * refuse.
  * Internal (mw__ names); no RDMA headers needed.
  */
 #ifndef MW_CM_WIRE_H
@@ -12,41 +13,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Big-endian stores and loads by shifts: independent of host byte order and
- * of the buffer's alignment. */
-static inline void mw__put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
-static inline void mw__put32(uint8_t *p, uint32_t v)
-{
-    mw__put16(p, (uint16_t)(v >> 16));
-    mw__put16(p + 2, (uint16_t)v);
-}
-
-static inline void mw__put64(uint8_t *p, uint64_t v)
-{
-    mw__put32(p, (uint32_t)(v >> 32));
-    mw__put32(p + 4, (uint32_t)v);
-}
-
-static inline uint16_t mw__get16(const uint8_t *p)
-{
-    return (uint16_t)((unsigned)p[0] << 8 | p[1]);
-}
-
-static inline uint32_t mw__get32(const uint8_t *p)
-{
-    return (uint32_t)mw__get16(p) << 16 | mw__get16(p + 2);
-}
-
-static inline uint64_t mw__get64(const uint8_t *p)
-{
-    return (uint64_t)mw__get32(p) << 32 | mw__get32(p + 4);
-}
 
 /* ------------------------------------------------------------------------
  * Handshake (rdma_cm private data; RC over IB/RoCE allows 56 bytes)

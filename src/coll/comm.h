@@ -14,10 +14,6 @@
 struct mw__run;
 struct mw__connecting;
 
-/* The collectives layer's slot in the context: communicators not yet
- * freed, so that the context's teardown frees them too. */
-#define MW__LAYER_COLL 2
-
 /* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
  * slots round robin; RC delivers a connection's writes in order, so the
  * n-th chunk written is in slot n % slots at both ends, and an ack (a

@@ -29,11 +29,20 @@ struct mw__task {
 struct mw__dev;
 struct ibv_async_event;
 
-/* Layers above core (mem, cm, coll, dir) keep their per-context state here,
- * in a slot of their own (MW__LAYER_MEM, MW__LAYER_CM...: the lowest layer
- * has the lowest slot), and are torn down first, highest slot first.  Core
- * calls them only through these hooks: it knows no layer by name. */
-#define MW__LAYERS 4
+/* Layers above core keep their per-context state here, in a slot of their
+ * own (the lowest layer has the lowest slot), and are torn down first,
+ * highest slot first: a layer goes before the ones it is built on.  Core
+ * calls them only through these hooks: it knows no layer by name.
+ * Numbered here, all in one place, so that the order is seen whole. */
+enum mw__layer_slot {
+    MW__LAYER_MEM,                /* registered memory (src/mem) */
+    MW__LAYER_CM,                 /* connections (cm.c) */
+    MW__LAYER_COLL,               /* communicators not yet freed, so that
+                                     the context's teardown frees them too */
+    MW__LAYER_DIR,                /* directories (dir.c) */
+    MW__LAYERS
+};
+
 struct mw__layer {
     void *state;
     void (*teardown)(mw_ctx_t *ctx, void *state);
@@ -92,6 +101,12 @@ struct mw_ctx {
 /* loop.c: every descriptor the context watches and every timer it adds go
  * through these, so that mw_ctx_fd() can stand for the whole loop. */
 int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv);
+/* mw__ev_add_ms() - mw__ev_add() with a timeout of @ms milliseconds. */
+static inline int mw__ev_add_ms(mw_ctx_t *ctx, struct event *ev, unsigned ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    return mw__ev_add(ctx, ev, &tv);
+}
 int mw__watch_fd(mw_ctx_t *ctx, int fd);
 void mw__unwatch_fd(mw_ctx_t *ctx, int fd);
 /* mw__watch_fd_out() - whether mw_ctx_fd() also wakes when watched @fd

@@ -317,8 +317,7 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
         finish(dc, NULL, port, msg);
         return f;
     }
-    struct timeval tv = {dc->opts.timeout_ms / 1000, (dc->opts.timeout_ms % 1000) * 1000};
-    mw__ev_add(ctx, dc->deadline, &tv);
+    mw__ev_add_ms(ctx, dc->deadline, dc->opts.timeout_ms);
     mw__future_on_cancel(f, on_cancel, dc);
     dc->end_ms = mw__now_ms() + dc->opts.timeout_ms;
     if (rank == 0) {

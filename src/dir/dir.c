@@ -395,8 +395,7 @@ mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *op
         return f;
     }
     d->open = mw_future_ref(f);
-    struct timeval tv = {o.timeout_ms / 1000, (o.timeout_ms % 1000) * 1000};
-    mw__ev_add(ctx, d->open_timer, &tv);
+    mw__ev_add_ms(ctx, d->open_timer, o.timeout_ms);
     return f;
 }
 

@@ -16,7 +16,6 @@
 #include "dir/store.h"
 #include "meshwire.h"
 
-#define MW__LAYER_DIR 3
 #define MW__DIR_KEY_MAX (MW__DIR_NAME_MAX + 128)
 
 struct mw__dir {

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cm/wire.h"
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "dir/entry.h"
 
 #define ENTRY_MAGIC "mw-dir 1"

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-#include "cm/cm.h"
+#include "cm/addrs.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/ctx.h"
@@ -97,7 +97,8 @@ char *mw__dir_listen_addrs(mw_ctx_t *ctx, const char *listen, int port, int *err
     }
     const struct mw__nic *nics;
     size_t n;
-    mw__cm_nics(mw__cm_get(ctx, err), &nics, &n);    /* a listener exists: cm does */
+    if ((*err = mw__cm_local_addrs(ctx, &nics, &n)))
+        return NULL;
     if (!(out = mw__malloc(cap = 16 + n * INET_ADDRSTRLEN))) {
         *err = -ENOMEM;
         return NULL;

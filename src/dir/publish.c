@@ -94,9 +94,7 @@ static void on_renew_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct pub *p = arg;
-    unsigned ms = p->d->opts.lease_ms / 3;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    mw__ev_add(p->d->ctx, p->renew_ev, &tv);
+    mw__ev_add_ms(p->d->ctx, p->renew_ev, p->d->opts.lease_ms / 3);
     if (p->renewing || !p->d->req_up)      /* the store's return puts it again */
         return;
     p->renewing = true;

@@ -207,9 +207,7 @@ static void on_watch_scan(void *arg, int err, const char *why, size_t n, const c
     tell(w, MW_DIR_SYNCED, NULL);
     /* entries known from before the store went away and not found now are
      * gone once they had a lease to come back in */
-    unsigned ms = w->d->opts.lease_ms;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    mw__ev_add(w->d->ctx, w->sweep_ev, &tv);
+    mw__ev_add_ms(w->d->ctx, w->sweep_ev, w->d->opts.lease_ms);
     watch_unref(w);
 }
 

@@ -19,9 +19,6 @@ struct mw__dev;
 struct ibv_mr;
 struct ibv_pd;
 
-/* The memory layer's slot on the context (ctx.h): the lowest layer. */
-#define MW__LAYER_MEM 0
-
 /* A protection domain of one connection (pd.c): its queue pair, its
  * exports, and its own registrations of the memory it posts from.  Keys
  * made in one domain work on no other connection's queue pair, so a peer

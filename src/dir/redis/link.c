@@ -1,0 +1,178 @@
+/* A link to the store: one hiredis asynchronous connection on the
+ * context's event base, connected again with a growing pause while the
+ * store is away.  What a link does once connected is its own (ready). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include <event2/event.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/adapters/libevent.h>
+
+#include "core/ctx.h"
+#include "dir/redis/redis.h"
+
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 2000
+
+/* hiredis's libevent adapter adds its events to the base directly; these
+ * wrappers also tell mw_ctx_fd's set about the descriptor, so a caller
+ * driving meshwire through mw_ctx_fd sees the store's traffic too. */
+static struct mw__redis_link *link_of_events(void *privdata)
+{
+    redisLibeventEvents *e = privdata;
+    return e->context->data;
+}
+
+static int fd_of_events(void *privdata)
+{
+    return ((redisLibeventEvents *)privdata)->context->c.fd;
+}
+
+static void hook_add_write(void *privdata)
+{
+    struct mw__redis_link *l = link_of_events(privdata);
+    l->libevent_add_write(privdata);
+    mw__watch_fd_out(l->st->ctx, fd_of_events(privdata), true);
+}
+
+static void hook_del_write(void *privdata)
+{
+    struct mw__redis_link *l = link_of_events(privdata);
+    l->libevent_del_write(privdata);
+    mw__watch_fd_out(l->st->ctx, fd_of_events(privdata), false);
+}
+
+static void hook_cleanup(void *privdata)
+{
+    struct mw__redis_link *l = link_of_events(privdata);
+    mw__unwatch_fd(l->st->ctx, fd_of_events(privdata));
+    l->libevent_cleanup(privdata);
+}
+
+static void wrap_adapter(struct mw__redis_link *l, redisAsyncContext *ac)
+{
+    l->libevent_add_write = ac->ev.addWrite;
+    l->libevent_del_write = ac->ev.delWrite;
+    l->libevent_cleanup = ac->ev.cleanup;
+    ac->ev.addWrite = hook_add_write;
+    ac->ev.delWrite = hook_del_write;
+    ac->ev.cleanup = hook_cleanup;
+    mw__watch_fd(l->st->ctx, ac->c.fd);
+    mw__watch_fd_out(l->st->ctx, ac->c.fd, true);
+}
+
+static void link_retry_later(struct mw__redis_link *l)
+{
+    if (l->st->closing)
+        return;
+    mw__ev_add_ms(l->st->ctx, l->retry_ev, l->retry_ms);
+    l->retry_ms = l->retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : l->retry_ms * 2;
+}
+
+static void link_lost(struct mw__redis_link *l, const char *why)
+{
+    struct mw__store *st = l->st;
+    bool was_up = l->up;
+    l->up = false;
+    l->ac = NULL;
+    link_retry_later(l);
+    if (was_up && !st->closing && st->hooks.down)
+        st->hooks.down(st->hooks.arg, !l->events, why);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    struct mw__redis_link *l = ac->data;
+    link_lost(l, status == REDIS_OK ? "closed" : ac->errstr);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    struct mw__redis_link *l = ac->data;
+    if (status != REDIS_OK) {           /* hiredis frees the context after this */
+        mw__log(l->st->ctx, MW_LOG_DEBUG, "directory: store unreachable: %s", ac->errstr);
+        link_lost(l, ac->errstr);
+        return;
+    }
+    event_del(l->retry_ev);
+    l->retry_ms = RETRY_MIN_MS;
+    l->ready(l);
+}
+
+/* The retry timer: connect again, or give up a connect still in progress
+ * after the timeout (a store that drops packets never answers). */
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct mw__redis_link *l = arg;
+    if (l->ac && !l->up) {
+        redisAsyncFree(l->ac);             /* on_connect is not called: no onDisconnect */
+        l->ac = NULL;
+        link_retry_later(l);
+        return;
+    }
+    if (!l->ac)
+        mw__redis_link_connect(l);
+}
+
+/* A new hiredis context on the context's base, or NULL (logged). */
+static redisAsyncContext *link_dial(struct mw__redis_link *l)
+{
+    struct mw__store *st = l->st;
+    const struct mw__redis_addr *a = &st->addr;
+    redisAsyncContext *ac = a->path[0] ? redisAsyncConnectUnix(a->path)
+                                       : redisAsyncConnect(a->host, a->port);
+    if (!ac || ac->err) {
+        mw__log(st->ctx, MW_LOG_DEBUG, "directory: cannot reach the store: %s",
+                ac ? ac->errstr : "out of memory");
+        if (ac)
+            redisAsyncFree(ac);
+        return NULL;
+    }
+    ac->data = l;
+    if (redisLibeventAttach(ac, st->ctx->base) != REDIS_OK) {
+        redisAsyncFree(ac);
+        return NULL;
+    }
+    return ac;
+}
+
+void mw__redis_link_connect(struct mw__redis_link *l)
+{
+    redisAsyncContext *ac = link_dial(l);
+    if (!ac) {
+        link_retry_later(l);
+        return;
+    }
+    l->ac = ac;
+    wrap_adapter(l, ac);
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    /* a connect that hangs is given up at the timeout */
+    mw__ev_add_ms(l->st->ctx, l->retry_ev, l->st->timeout_ms);
+}
+
+int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool events,
+                        void (*ready)(struct mw__redis_link *l))
+{
+    l->st = st;
+    l->events = events;
+    l->ready = ready;
+    l->retry_ms = RETRY_MIN_MS;
+    if (!(l->retry_ev = evtimer_new(st->ctx->base, on_retry, l)))
+        return -ENOMEM;
+    return 0;
+}
+
+void mw__redis_link_close(struct mw__redis_link *l)
+{
+    int done = 0;
+    if (l->ac && l->up)          /* what was just asked (a last DEL) goes out */
+        redisBufferWrite(&l->ac->c, &done);
+    if (l->ac)
+        redisAsyncFree(l->ac);   /* pending replies' callbacks run now, with NULL */
+    l->ac = NULL;
+    if (l->retry_ev)
+        event_free(l->retry_ev);
+}
