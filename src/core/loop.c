@@ -4,13 +4,8 @@
  *
  * The descriptor is an epoll set of meshwire's own: every descriptor the
  * context watches (completion channels, the rdma_cm channel, the hand-off
- * eventfd) plus a timerfd set to the earliest deadline of the context's
- * timers.  Deadlines of a context that owns its base are kept in a
- * min-heap as they are added, from mw_ctx_new() on, so the descriptor
- * covers timers set before anyone asked for it (the completion path adds
- * no timers; a push costs nanoseconds and no system call until the
- * descriptor exists).  One whose timer was deleted or re-added stays until
- * it passes and costs at most a spurious wake-up, never a missed one. */
+ * eventfd) plus a timerfd set to the earliest deadline of libevent's timers
+ * (see "deadlines": libevent's heap is the only one). */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -23,6 +18,7 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <event2/event_struct.h>
 
 #include "core/alloc.h"
 #include "core/ctx.h"
@@ -39,8 +35,9 @@ struct mw__loop {
     int epfd, tfd;
     int *fds;
     size_t nfds, capfds;
-    uint64_t *heap;               /* deadlines, ns on CLOCK_MONOTONIC */
-    size_t nheap, capheap;
+    uint64_t next;                /* <= libevent's deadlines (see deadlines) */
+    bool soon;                    /* a zero timer since the last turn began */
+    bool turning;                 /* inside mw_ctx_progress: it re-arms */
     /* hand-offs from other threads */
     pthread_mutex_t lock;
     struct post *head, **tail;
@@ -92,47 +89,52 @@ bool mw__turn_may(mw_ctx_t *ctx)
 
 /* --- deadlines ------------------------------------------------------------ */
 
-static void heap_push(struct mw__loop *l, uint64_t v)
+/* One timer heap, libevent's.  libevent 2.1 tells no one its next deadline,
+ * so the descriptor's timerfd is armed from `next`, a lower bound of every
+ * deadline in that heap: an add lowers it to the deadline libevent stored,
+ * and once a turn has begun past it (libevent ran or someone deleted that
+ * timer) it is read again from libevent's events.  Nothing is mirrored, so
+ * a deleted timer costs at most one wake-up, re-arming costs libevent's
+ * O(log n) and a compare, idle arms nothing, and a timer that came due
+ * inside a long turn is still in libevent's heap for the next read.  The
+ * read walks the base's events (O(n)), once per deadline that passes.
+ * A zero timeout ("next turn") only asks for the next turn, as
+ * event_active() does: it does not touch `next`.  (libuv's way, a heap of
+ * loop.c's and one libevent timer, would need every event_del and
+ * event_free of a timer to go through loop.c.) */
+#define NO_DEADLINE UINT64_MAX
+
+/* The deadline libevent keeps in @ev (event_struct.h: its clock, the
+ * coarse one, with a common timeout's tag in the high microsecond bits). */
+static uint64_t deadline_of(const struct event *ev)
 {
-    if (l->nheap == l->capheap) {
-        size_t cap = l->capheap ? 2 * l->capheap : 64;
-        uint64_t *h = mw__realloc(l->heap, cap * sizeof *h);
-        if (!h)
-            return;               /* the progress after the next event re-arms */
-        l->heap = h;
-        l->capheap = cap;
-    }
-    size_t i = l->nheap++;
-    for (; i && l->heap[(i - 1) / 2] > v; i = (i - 1) / 2)
-        l->heap[i] = l->heap[(i - 1) / 2];
-    l->heap[i] = v;
+    if (!(ev->ev_evcallback.evcb_flags & EVLIST_TIMEOUT))
+        return NO_DEADLINE;
+    return (uint64_t)ev->ev_timeout.tv_sec * 1000000000u +
+           (uint64_t)(ev->ev_timeout.tv_usec & 0xfffff) * 1000u;
 }
 
-static void heap_pop(struct mw__loop *l)
+static int earliest_of(const struct event_base *base, const struct event *ev, void *arg)
 {
-    uint64_t v = l->heap[--l->nheap];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= l->nheap)
-            break;
-        if (c + 1 < l->nheap && l->heap[c + 1] < l->heap[c])
-            c++;
-        if (l->heap[c] >= v)
-            break;
-        l->heap[i] = l->heap[c];
-        i = c;
-    }
-    if (l->nheap)
-        l->heap[i] = v;
+    (void)base;
+    uint64_t *min = arg, at = deadline_of(ev);
+    if (at < *min)
+        *min = at;
+    return 0;
+}
+
+static uint64_t earliest_deadline(mw_ctx_t *ctx)
+{
+    uint64_t min = NO_DEADLINE;
+    event_base_foreach_event(ctx->base, earliest_of, &min);
+    return min;
 }
 
 /* libevent's timers go by CLOCK_MONOTONIC_COARSE, which ticks every 4 ms
- * on a 250 Hz kernel and so trails CLOCK_MONOTONIC by up to a tick: a
- * deadline is signalled a tick and a millisecond later, so that libevent
- * finds its timer due when the descriptor wakes the caller.  (With one
- * millisecond, as before, a 1-13 ms timer's wake-up was lost within 20
- * sleeps: libevent had not fired it, and its deadline was dropped.) */
+ * on a 250 Hz kernel and so trails CLOCK_MONOTONIC (the timerfd's) by up
+ * to a tick: a deadline is signalled a tick and a millisecond later, so
+ * that libevent finds its timer due when the descriptor wakes the caller
+ * (else the caller would spin on the descriptor until the tick). */
 static uint64_t coarse_slack_ns(void)
 {
     static _Atomic uint64_t slack;
@@ -158,24 +160,26 @@ static void arm_timerfd(struct mw__loop *l, uint64_t at_ns)
     timerfd_settime(l->tfd, TFD_TIMER_ABSTIME, &its, NULL);
 }
 
+/* @at: a deadline libevent keeps, or 1 for its next turn */
+static void note_deadline(struct mw__loop *l, uint64_t at)
+{
+    if (at == 1)
+        l->soon = true;
+    else if (at < l->next)
+        l->next = at;
+    else
+        return;
+    if (l->epfd >= 0 && !l->turning)   /* else mw_ctx_fd / progress arms it */
+        arm_timerfd(l, at);
+}
+
 int mw__ev_add(mw_ctx_t *ctx, struct event *ev, const struct timeval *tv)
 {
-    int rc = event_add(ev, tv);
-    struct mw__loop *l = ctx->loop;
-    if (rc == 0 && tv && l && ctx->own_base) {  /* a base of its own: mw_ctx_fd may cover it */
-        uint64_t now = now_ns();
-        uint64_t at = now + (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
-        /* With no descriptor, nothing pops: entries long past ran under
-         * the caller's own turns of the loop.  With one, only a turn of
-         * mw_ctx_progress that began past a deadline may drop it. */
-        while (l->epfd < 0 && l->nheap && l->heap[0] + 1000000000u <= now)
-            heap_pop(l);
-        bool earliest = !l->nheap || at < l->heap[0];
-        heap_push(l, at);
-        if (earliest && l->epfd >= 0)   /* else mw_ctx_fd arms it */
-            arm_timerfd(l, at);
-    }
-    return rc < 0 ? -EIO : 0;
+    if (event_add(ev, tv) < 0)
+        return -EIO;
+    if (tv && ctx->loop && ctx->own_base)   /* a base of its own: mw_ctx_fd may cover it */
+        note_deadline(ctx->loop, tv->tv_sec || tv->tv_usec ? deadline_of(ev) : 1);
+    return 0;
 }
 
 bool mw__on_loop_thread(const mw_ctx_t *ctx)
@@ -191,7 +195,7 @@ uint64_t mw__loop_thread(const mw_ctx_t *ctx)
 void mw__loop_kick(mw_ctx_t *ctx)
 {
     struct mw__loop *l = ctx->loop;
-    if (l && l->epfd >= 0)
+    if (l && l->epfd >= 0 && !l->turning)
         arm_timerfd(l, 1);        /* an event was made active: run it soon */
 }
 
@@ -243,6 +247,8 @@ int mw_ctx_fd(mw_ctx_t *ctx)
 {
     if (!ctx || !ctx->own_base)
         return -EINVAL;           /* on the caller's libevent base: use that */
+    if (event_get_struct_event_size() != sizeof(struct event))
+        return -ENOTSUP;          /* not the libevent deadline_of() reads */
     struct mw__loop *l = ctx->loop;
     if (l->epfd >= 0)
         return l->epfd;
@@ -268,6 +274,40 @@ fail:
     return rc;
 }
 
+/* One libevent turn at a time (NONBLOCK alone keeps turning while anything
+ * is active: a peer that keeps sending would hold the caller here).  Events
+ * that callbacks activate run on the next turn, so turn until nothing is
+ * active -- bounded in turns and in time (a turn's work budget), so that
+ * progress cannot keep the caller's loop waiting; what is left re-arms the
+ * descriptor. */
+static int run_turns(mw_ctx_t *ctx)
+{
+    uint64_t t0 = now_ns();
+    for (int turn = 0; turn < 8; turn++) {
+        ctx->loop->soon = false;
+        if (event_base_loop(ctx->base, EVLOOP_NONBLOCK | EVLOOP_ONCE) < 0)
+            return -EIO;
+        if (!event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE) ||
+            now_ns() - t0 >= MW__TURN_NS)
+            break;
+    }
+    return 0;
+}
+
+/* @began: libevent's clock before the first turn.  That turn ran every
+ * timer due by then, so a `next` not after it was run or deleted: read
+ * the earliest again. */
+static void rearm(mw_ctx_t *ctx, uint64_t began)
+{
+    struct mw__loop *l = ctx->loop;
+    if (l->next <= began)
+        l->next = earliest_deadline(ctx);
+    if (l->soon || event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
+        arm_timerfd(l, 1);        /* work left: readable again at once */
+    else
+        arm_timerfd(l, l->next == NO_DEADLINE ? 0 : l->next);
+}
+
 int mw_ctx_progress(mw_ctx_t *ctx)
 {
     if (!ctx || !ctx->own_base)
@@ -278,33 +318,13 @@ int mw_ctx_progress(mw_ctx_t *ctx)
     uint64_t expirations;
     if (l->tfd >= 0 && read(l->tfd, &expirations, sizeof expirations) < 0 && errno != EAGAIN)
         return -errno;
-    /* One libevent turn at a time (NONBLOCK alone keeps turning while
-     * anything is active: a peer that keeps sending would hold the caller
-     * here).  Events that callbacks activate run on the next turn, so turn
-     * until nothing is active -- bounded in turns and in time (a turn's
-     * work budget), so that progress cannot keep the caller's loop
-     * waiting; what is left re-arms the descriptor below. */
-    uint64_t t0 = now_ns();
-    for (int turn = 0; turn < 8; turn++) {
-        if (event_base_loop(ctx->base, EVLOOP_NONBLOCK | EVLOOP_ONCE) < 0)
-            return -EIO;
-        if (!event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE) ||
-            now_ns() - t0 >= MW__TURN_NS)
-            break;
-    }
-    if (l->epfd < 0)
-        return 0;
-    /* libevent looked at its timers at the start of each turn: it fired
-     * every one due a slack (its coarse clock) before the first turn began,
-     * and no other -- a deadline that fell inside a long turn (a slow
-     * callback) is still ahead of it, so it keeps its wake-up */
-    while (l->nheap && l->heap[0] + coarse_slack_ns() <= t0)
-        heap_pop(l);
-    if (event_base_get_num_events(ctx->base, EVENT_BASE_COUNT_ACTIVE))
-        arm_timerfd(l, 1);        /* work left: readable again at once */
-    else
-        arm_timerfd(l, l->nheap ? l->heap[0] : 0);   /* a passed one: at its slack */
-    return 0;
+    uint64_t began = clock_ns(CLOCK_MONOTONIC_COARSE);
+    l->turning = true;
+    int rc = run_turns(ctx);
+    l->turning = false;
+    if (rc == 0 && l->epfd >= 0)
+        rearm(ctx, began);
+    return rc;
 }
 
 /* --- hand-offs from other threads ------------------------------------------ */
@@ -408,6 +428,7 @@ int mw__loop_new(mw_ctx_t *ctx)
         return -ENOMEM;
     ctx->loop = l;
     l->epfd = l->tfd = -1;
+    l->next = NO_DEADLINE;
     l->tail = &l->head;
     l->owner = pthread_self();
     pthread_mutex_init(&l->lock, NULL);
@@ -442,7 +463,6 @@ void mw__loop_free(mw_ctx_t *ctx)
         close(l->tfd);
     pthread_mutex_destroy(&l->lock);
     mw__free(l->fds);
-    mw__free(l->heap);
     mw__free(l);
     ctx->loop = NULL;
 }
