@@ -394,7 +394,9 @@ static double wall_ms(void)
 struct turn_probe {
     mw_ctx_t *ctx;
     double ms;                    /* how long the turn worked */
+    double limit_ms;              /* the budget and a coarse tick */
     int pieces;
+    int late;                     /* pieces begun past limit_ms */
 };
 
 /* A loop callback working in 0.25 ms pieces while the budget allows. */
@@ -404,16 +406,23 @@ static void work_while_allowed(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct turn_probe *t = arg;
     double t0 = wall_ms();
-    for (t->pieces = 0; t->pieces < 2000 && mw__turn_may(t->ctx); t->pieces++)
-        for (double end = wall_ms() + 0.25; wall_ms() < end;)
+    for (t->pieces = 0; t->pieces < 2000 && mw__turn_may(t->ctx); t->pieces++) {
+        double start = wall_ms();
+        t->late += start - t0 > t->limit_ms;
+        for (double end = start + 0.25; wall_ms() < end;)
             ;
+    }
     t->ms = wall_ms() - t0;
 }
 
 /* The budget goes by the coarse clock (free to read, a tick's resolution):
- * every turn stops within the budget plus a tick (plus slack for a busy
- * machine's preemptions), works at least one piece, and on average about
- * the budget -- never the 500 ms the pieces would take unbounded. */
+ * no piece begins past the budget plus a tick, so a turn works at most
+ * that long, and at least one piece -- never the 500 ms the pieces would
+ * take unbounded.  A preemption only makes a turn stop sooner (the piece
+ * after it finds the budget spent), so what is asserted holds on a busy
+ * machine too: the turns' lengths are printed, the pieces counted.  (One
+ * late piece is allowed: a preemption between mw__turn_may and reading
+ * the clock.) */
 static void turn_budget_binds_by_the_coarse_clock(void **state)
 {
     (void)state;
@@ -421,8 +430,9 @@ static void turn_budget_binds_by_the_coarse_clock(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     struct timespec res;
     assert_int_equal(clock_getres(CLOCK_MONOTONIC_COARSE, &res), 0);
-    double tick_ms = res.tv_sec * 1e3 + res.tv_nsec / 1e6, sum = 0;
-    struct turn_probe t = {.ctx = ctx};
+    double tick_ms = res.tv_sec * 1e3 + res.tv_nsec / 1e6;
+    struct turn_probe t = {.ctx = ctx, .limit_ms = MW__TURN_NS / 1e6 + tick_ms + 0.5};
+    int max_pieces = (int)(t.limit_ms / 0.25) + 1;
     struct event *ev = evtimer_new(ctx->base, work_while_allowed, &t);
     const struct timeval zero = {0, 0};
     for (int i = 0; i < 10; i++) {
@@ -431,10 +441,9 @@ static void turn_budget_binds_by_the_coarse_clock(void **state)
         print_message("turn %d: %d pieces, %.2f ms (budget %.0f ms, tick %.1f ms)\n", i,
                       t.pieces, t.ms, MW__TURN_NS / 1e6, tick_ms);
         assert_true(t.pieces >= 1);
-        assert_true(t.ms < MW__TURN_NS / 1e6 + tick_ms + 20);
-        sum += t.ms;
+        assert_true(t.pieces <= max_pieces);
     }
-    assert_true(sum / 10 > MW__TURN_NS / 1e6 / 4);
+    assert_true(t.late <= 1);
     event_free(ev);
     mw_ctx_free(ctx);
 }
