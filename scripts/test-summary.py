@@ -11,11 +11,15 @@ KEYS = [("OK", "Ok"), ("EXPECTEDFAIL", "Expected Fail"), ("FAIL", "Fail"),
 
 
 def count(path):
+    """The results in @path; OSError when it has none (a run cut short
+    creates its log and writes nothing into it)."""
     c = {k: 0 for k, _ in KEYS}
     with open(path) as f:
         for line in f:
             r = json.loads(line).get("result", "FAIL")
             c[r if r in c else "FAIL"] += 1     # ERROR counts as a failure
+    if not any(c.values()):
+        raise OSError(f"{path} is empty")
     return c
 
 
@@ -36,7 +40,8 @@ def main():
                     c[k] += v
                 n += 1
             except OSError:
-                print(f"{suite}: no log {base}.json (the suite did not run)")
+                print(f"{suite}: no results in {base}.json (the suite did not run, or "
+                      "did not finish)")
                 bad = True
         for k in c:
             total[k] += c[k]
