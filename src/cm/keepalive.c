@@ -50,8 +50,9 @@ static void send_probe(struct mw__conn *c)
     if (!op)
         return;
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .opcode = IBV_WR_RDMA_WRITE,
-                             .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (mw__conn_post_send(c, &wr, &bad)) {
+                             .send_flags = IBV_SEND_SIGNALED};
+    unsigned took;
+    if (mw__conn_post_send(c, &wr, 1, &took) < 0) {
         mw__op_put(c->ctx, op);
         return;
     }

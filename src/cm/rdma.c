@@ -210,7 +210,7 @@ static unsigned build_chain(struct mw__conn *c, struct mw__rdma *r, unsigned roo
 static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, bool *no_credit,
                       unsigned *posted)
 {
-    struct ibv_send_wr wr[CHAIN_MAX], *bad = NULL;
+    struct ibv_send_wr wr[CHAIN_MAX];
     struct ibv_sge sge[CHAIN_MAX];
     uint64_t bytes;
     unsigned n = build_chain(c, r, room, wr, sge, &bytes, no_credit);
@@ -220,8 +220,8 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     /* a read's bytes move later; a small post's time is the call's */
     bool timed = r->opcode != IBV_WR_RDMA_READ && mw__dev_post_timed(bytes);
     uint64_t t0 = timed ? mw__now_ns() : 0;
-    int rc = -mw__conn_post_send(c, wr, &bad);
-    unsigned took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
+    unsigned took;
+    int rc = mw__conn_post_send(c, wr, n, &took);
     if (rc == 0 && timed)
         mw__dev_post_cost(c->path.dev, bytes, mw__now_ns() - t0);
     for (unsigned i = 0; i < took; i++) {

@@ -62,8 +62,9 @@ static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr
     struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = MW__FRAG_HDR_LEN + fr->len};
     int rc = mw__mem_keys(c->ctx, c->path.pd, buf, sge.length, &sge.lkey);
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .sg_list = &sge, .num_sge = 1,
-                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
-    if (rc == 0 && (rc = -mw__conn_post_send(c, &wr, &bad)) == 0) {
+                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+    unsigned took;
+    if (rc == 0 && (rc = mw__conn_post_send(c, &wr, 1, &took)) == 0) {
         mw__flow_frag_sent(&c->flow, give, s != NULL);
         if (s)
             s->x.out++;

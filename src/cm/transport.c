@@ -65,22 +65,14 @@ void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp)
     c->stats.transport = tp->kind;
 }
 
-/* The requests of @wr's chain the transport took: all of them, or those
- * before @bad when it refused one (the ones it took still come back). */
-static unsigned taken(const struct ibv_send_wr *wr, const struct ibv_send_wr *bad, int rc)
+int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, unsigned n, unsigned *took)
 {
-    unsigned n = 0;
-    for (; wr && (rc == 0 || wr != bad); wr = wr->next)
-        n++;
-    return rc == 0 || bad ? n : 0;
-}
-
-int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
-{
-    *bad = NULL;
-    int rc = c->path.tp->post_send(c, wr, bad);
-    c->path.wr_out += taken(wr, *bad, rc);
-    return rc;
+    struct ibv_send_wr *bad = NULL;
+    int rc = c->path.tp->post_send(c, wr, &bad);
+    /* refused part way, the ones before @bad were taken (and come back) */
+    *took = rc == 0 ? n : bad ? (unsigned)(bad - wr) : 0;
+    c->path.wr_out += *took;
+    return -rc;
 }
 
 int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)

@@ -46,11 +46,12 @@ extern const struct mw__transport mw__transport_local;
 void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp);
 
 /* Post on @c's transport, as ibv_post_send/recv, and count what it took
- * as in flight.  What comes back is uncounted by mw__conn_send_completed
+ * as in flight: sends are an array @wr of @n requests chained in order,
+ * *@took of them taken (0 or -errno).  What comes back is uncounted by mw__conn_send_completed
  * (@n send-side requests: each completion handler once per completion) or
  * mw__conn_recv_completed; everything, records too, by
  * mw__conn_inflight_forget once nothing can come back. */
-int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int mw__conn_post_send(struct mw__conn *c, struct ibv_send_wr *wr, unsigned n, unsigned *took);
 int mw__conn_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 void mw__conn_send_completed(struct mw__conn *c, unsigned n);
 void mw__conn_recv_completed(struct mw__conn *c);
