@@ -169,6 +169,9 @@ struct mw__path {
     struct mw__rendezvous *rv;    /* its channel's setup (local.c) */
     unsigned wr_out;              /* work requests posted, not completed */
     unsigned recv_out;            /* ... of which receives */
+    bool stopped;                 /* rdma_disconnect done and the transport
+                                     stopped: what is posted comes back as
+                                     flushes (conn.c's disconnect) */
 };
 
 /* Two-sided messages (msg.c receives, send.c sends): registered slots and
@@ -243,8 +246,10 @@ struct mw__conn {
     int err;                      /* why it broke (0 while healthy) */
     char why[160];
     bool peer_left;               /* its disconnect came while our sends were
-                                     out: waiting for their completions */
-    bool disconnected;            /* rdma_disconnect done (or the peer's) */
+                                     out: waiting for their completions.  Not
+                                     a state: an ESTABLISHED connection and a
+                                     CLOSING one (closed in the grace) both
+                                     wait so, and behave as they otherwise do */
     mw_conn_opts_t opts;
     struct mw__hello peer;        /* the peer's handshake */
     struct rdma_cm_id *id;
@@ -286,7 +291,7 @@ static inline bool mw__conn_usable(const struct mw__conn *c)
  * ever name it again once its queue pair is gone. */
 static inline bool mw__conn_drained(const struct mw__conn *c)
 {
-    return c->path.wr_out == 0 && (c->disconnected || !c->id || !c->id->qp);
+    return c->path.wr_out == 0 && (c->path.stopped || !c->id || !c->id->qp);
 }
 
 void mw__conn_peer_left_settle(struct mw__conn *c);

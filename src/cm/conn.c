@@ -441,9 +441,9 @@ static void fail_pending(struct mw__conn *c, int err)
 
 static void disconnect(struct mw__conn *c)
 {
-    if (c->disconnected || !c->id)
+    if (c->path.stopped || !c->id)
         return;
-    c->disconnected = true;
+    c->path.stopped = true;
     /* Moves the QP to the error state: everything posted comes back as a
      * flush, and the final teardown waits for exactly that. */
     rdma_disconnect(c->id);
