@@ -173,13 +173,37 @@ static void rails_between_two_links(void **state)
                      (unsigned long long)r[0].addr, (unsigned long long)r[0].len);
     }
 
-    write_and_check(g, 1);
-    for (int k = 0; k < 2; k++) {
-        mw_rail_stats_t st = rail(g, k);
-        print_message("node%d -> node%d rail %d on %s: %llu MiB\n", me, j, k, st.device,
-                      (unsigned long long)(st.bytes >> 20));
-        assert_true(st.bytes >= POOL / 4);
+    /* Both rails carry bytes.  Under load rxe itself may fail a write
+     * ("remote invalid request": seen once in a fresh-check, with 3 VMs on
+     * 2 cores; see conn.c's ACK timeout): the rail is taken out and the
+     * transfer completes on the other, as it should.  Such a rail is given
+     * a new connection and the spread is measured again, twice at most. */
+    uint64_t before[2] = {0, 0};
+    for (int round = 0;; round++) {
+        write_and_check(g, 1);
+        int down = 0;
+        for (int k = 0; k < 2; k++) {
+            mw_rail_stats_t st = rail(g, k);
+            print_message("node%d -> node%d rail %d on %s: %llu MiB%s%s\n", me, j, k, st.device,
+                          (unsigned long long)((st.bytes - before[k]) >> 20),
+                          st.state == MW_RAIL_DOWN ? ", taken out: " : "",
+                          st.state == MW_RAIL_DOWN ? st.why : "");
+            if (st.state == MW_RAIL_DOWN && round < 2) {
+                mw_conn_abort(c[k]);
+                c[k] = connect_rail(peer_link(j, k), &r[k]);
+                assert_int_equal(mw_rails_replace(g, k, c[k], &r[k]), 0);
+                for (int i = 0; i < 500 && rail(g, k).state == MW_RAIL_PROBING; i++)
+                    loop_for(ctx, 10);               /* probed, then used */
+                down++;
+            }
+        }
+        if (!down)
+            break;
+        for (int k = 0; k < 2; k++)
+            before[k] = rail(g, k).bytes;
     }
+    for (int k = 0; k < 2; k++)
+        assert_true(rail(g, k).bytes - before[k] >= POOL / 4);
 
     /* rail 1's link goes down under a transfer.  With two nodes both
      * directions share the links: node 0 alone takes its NIC down. */
