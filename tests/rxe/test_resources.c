@@ -226,16 +226,17 @@ static void connect_close_cycles(void **state)
     assert_int_equal(end.handles, base.handles);
     assert_int_equal(end.conns, 0);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    /* the registered arena settles a little later than the rest: MRs and
-     * RSS are compared from the 60% mark (its last mapping once came
-     * between 20% and 60%: +14 MiB and one MR, flat from there on); 4,000
-     * cycles still show a leak of 512 bytes each.  Under ASan or TSan
-     * (their allocators hold freed memory, and their runs are shorter)
-     * neither settles: the plain run checks them. */
-    assert_int_equal(end.mrs, mid.mrs);
-    assert_true(end.rss_kib - mid.rss_kib < 2048);
-    /* malloc's own count is flat from the first waves: 8,000 cycles
-     * leaking 4 bytes each would show */
+    /* the registered arena grows when jemalloc asks for it: one mapping
+     * more (+14 MiB, one MR) came between 20% and 60% once, and after 60%
+     * in another run of 4,000 cycles, flat otherwise.  So from the 60% mark
+     * it may map once more; an arena leak of a connection's slots (32 KiB
+     * an end here) over the last 1,600 cycles would be 100 MiB.
+     * Under ASan or TSan (their allocators hold freed memory, and their
+     * runs are shorter) neither settles: the plain run checks them. */
+    assert_true(end.mrs - mid.mrs <= 1);
+    assert_true(end.rss_kib - mid.rss_kib < 16384);
+    /* malloc's own count is flat from the first waves (280-283 KiB): 8,000
+     * cycles leaking 4 bytes each would show */
     assert_true(end.heap_kib - base.heap_kib < 32);
 #endif
     mw_listener_free(l);
