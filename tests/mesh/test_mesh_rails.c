@@ -237,7 +237,9 @@ static void rails_between_two_links(void **state)
                       st.state == MW_RAIL_DOWN ? "down" : "still up",
                       (unsigned long long)st.reposted, st.why);
         assert_int_equal(st.state, MW_RAIL_DOWN);
-        assert_true(out < FAILOVER_BOUND_S);
+        /* from the link going down: under load the command itself took
+         * 5.3 s once, and the rail was out 1 ms after it returned */
+        assert_true(out - cmd_s < FAILOVER_BOUND_S);
         assert_true(took < COMPLETE_BOUND_S);
         assert_true(st.reposted >= 1);
         memset(back, 0, POOL);
