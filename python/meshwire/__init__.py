@@ -16,10 +16,13 @@ transport="rdma").  Errors are OSError subclasses chosen by errno
 (ConnectionRefusedError, TimeoutError, ConnectionResetError...), with
 meshwire's message.  README.md's "Python (asyncio)" says more.
 """
+from ._batch import Batch
 from ._comm import DTYPES, OPS, Communicator
 from ._conn import Connection, Listener, Remote
 from ._context import Context
 from ._lib import ffi, lib
+from ._rails import Rails
 
 __version__ = ffi.string(lib.mw_version()).decode()
-__all__ = ["Context", "Connection", "Listener", "Remote", "Communicator", "DTYPES", "OPS"]
+__all__ = ["Context", "Connection", "Listener", "Remote", "Batch", "Rails", "Communicator", "DTYPES",
+           "OPS"]

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, AsyncIterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Optional, Tuple
 
 from ._context import TRANSPORTS, Bufferable, Context, set_options
 from ._lib import T, check, error, ffi, lib
 from ._release import callbacks, finalize
+
+if TYPE_CHECKING:
+    from ._batch import Batch
 
 
 class Remote:
@@ -99,8 +102,12 @@ class Connection:
     async def send(self, buf: Bufferable) -> None:
         """Send @buf as one message (any size; in order).  @buf is read
         where it lies, without a copy in Python, until this completes."""
+        await self._send(buf)
+
+    def _send(self, buf: Bufferable) -> Any:
+        c = self._live()                   # see _rdma: no view in the coroutine's frame
         p = ffi.from_buffer(T.chars, buf)
-        await self._ctx._await(lib.mw_send(self._live(), p, len(p)), "send", keep=(buf, p))
+        return self._ctx._await(lib.mw_send(c, p, len(p)), "send", keep=(buf, p))
 
     async def recv(self) -> memoryview:
         """The next message, as a memoryview over meshwire's buffer (freed
@@ -138,13 +145,16 @@ class Connection:
         from Context.alloc, or any buffer, registered now): the Remote to
         send it.  It stands until unexport(), or the memory or connection
         goes."""
+        c = self._live()
         p, n, mr = self._ctx._local(buf, writable=True)
         length = n - offset if length is None else length
         if offset < 0 or length <= 0 or offset + length > n:
             self._ctx._unreg(mr)
+            del p                          # see _rdma
             raise ValueError(f"[{offset}, {offset}+{length}) is not inside {n} bytes")
         out = ffi.new(T.remote_p)
-        rc = lib.mw_mem_export(self._live(), p + offset, length, out)
+        rc = lib.mw_mem_export(c, p + offset, length, out)
+        del p
         if rc < 0:
             self._ctx._unreg(mr)
             check(rc, "mw_mem_export")
@@ -160,9 +170,14 @@ class Connection:
 
     def _rdma(self, fn: Any, what: str, buf: Bufferable, remote: Remote, offset: int,
               writable: bool, *imm: int) -> Any:
+        """The awaitable of one transfer, made here rather than in the
+        coroutine awaiting it: no frame that an exception's traceback keeps
+        holds a view of the caller's memory (a cycle through one, the
+        exception kept by its handler, once crashed CPython's collector)."""
+        c = self._live()
         p, n, mr = self._ctx._local(buf, writable)
         r = remote._c()
-        f = fn(self._live(), p if n else ffi.NULL, n, r, offset, *imm)
+        f = fn(c, p if n else ffi.NULL, n, r, offset, *imm)
         return self._ctx._await(f, what, keep=(buf, p, r), after=lambda: self._ctx._unreg(mr))
 
     async def write(self, buf: Bufferable, remote: Remote, offset: int = 0) -> None:
@@ -177,6 +192,26 @@ class Connection:
         """write(), then @imm reaches the peer's immediates() once all of
         the data is in place (@buf may be empty: the immediate alone)."""
         await self._rdma(lib.mw_write_imm, "write_imm", buf, remote, offset, False, imm)
+
+    def batch(self, entries: Iterable[Tuple[Bufferable, Remote, int]], *,
+              read: bool = False) -> "Batch":
+        """Prepare a batch (mw_batch_new): @entries are (buffer, Remote,
+        offset) -- each buffer written whole to the Remote at offset, or
+        with @read filled from it.  Every entry is checked now (bounds,
+        memory: an error names the entry); nothing moves until
+        Batch.post(), which may be awaited as often as wanted."""
+        from ._batch import new
+        return new(self, entries, read)
+
+    def batch_strided(self, local: Bufferable, remote: Remote, *, count: int, length: int,
+                      local_stride: Optional[int] = None, remote_stride: Optional[int] = None,
+                      offset: int = 0, read: bool = False) -> "Batch":
+        """A batch of @count entries of @length bytes for a paged layout:
+        entry i is @local[i * local_stride:][:length] and @remote at
+        @offset + i * remote_stride (strides default to @length)."""
+        from ._batch import new_strided
+        return new_strided(self, local, remote, count, length, local_stride, remote_stride,
+                           offset, read)
 
     def immediates(self) -> AsyncIterator[int]:
         """The immediates of the peer's write_imm, in order, until the

@@ -16,6 +16,7 @@ from ._release import Reaper
 if TYPE_CHECKING:
     from ._comm import Communicator
     from ._conn import Connection, Listener
+    from ._rails import Rails
 
 Bufferable = Any   # anything with the buffer protocol: bytes, bytearray, numpy arrays, mmap...
 
@@ -173,7 +174,10 @@ class Context:
         if n == 0 or self._ours(int(ffi.cast(T.uintptr, p)), n):
             return p, n, None
         mrp = ffi.new(T.mr_pp)
-        check(lib.mw_reg(self._live(), p, n, mrp), "mw_reg")
+        rc = lib.mw_reg(self._live(), p, n, mrp)
+        if rc < 0:
+            del p                          # not kept by the exception's traceback
+            check(rc, "mw_reg")
         return p, n, mrp[0]
 
     def _unreg(self, mr: Any) -> None:
@@ -219,6 +223,13 @@ class Context:
         Keyword options (connect()'s) are for the connections accepted."""
         from ._conn import Listener
         return Listener(self, addr, opts)
+
+    def rails(self, slice_bytes: int = 0) -> "Rails":
+        """An empty rail group (mw_rails_new): add() a connection per NIC
+        pair to one peer; transfers spread over them in slices of
+        @slice_bytes (0: 1 MiB) and survive a rail that fails."""
+        from ._rails import Rails
+        return Rails(self, slice_bytes)
 
     async def communicator(self, rank: Optional[int] = None,
                            peers: Optional[Sequence[str]] = None, **opts: Any) -> "Communicator":

@@ -62,6 +62,11 @@ class T:
     mr_pp = ffi.typeof("mw_mr_t **")
     remote = ffi.typeof("mw_remote_t")
     remote_p = ffi.typeof("mw_remote_t *")
+    remotes = ffi.typeof("mw_remote_t[]")
+    batch_pp = ffi.typeof("mw_batch_t **")
+    batch_entries = ffi.typeof("mw_batch_entry_t[]")
+    rails_pp = ffi.typeof("mw_rails_t **")
+    rail_stats_p = ffi.typeof("mw_rail_stats_t *")
 
 
 def error(err: int, message: Optional[str] = None) -> OSError:

@@ -475,3 +475,233 @@ def test_too_little_memlock_says_so(loop, transport):
     msg = lines["message"]
     assert "RLIMIT_MEMLOCK (ulimit -l) is 8192 KiB, needs" in msg, msg
     assert f"{HOST}:{lines['port']}" in msg and not msg.startswith("peer"), msg
+
+
+# --- batches ------------------------------------------------------------------
+
+PAGE = 4096
+
+
+def pattern(n, seed):
+    return np.random.default_rng(seed).integers(0, 255, n, dtype=np.uint8)
+
+
+def registrations_held(ctx):
+    """A counter of the registrations the binding made (mw_reg) and has not
+    dropped (mw_dereg) from now on: a callable returning it.  (The context's
+    stats cannot say: a dropped registration may stay cached.)"""
+    held = {"n": 0}
+    local, unreg = ctx._local, ctx._unreg
+
+    def counting_local(obj, writable):
+        p, n, mr = local(obj, writable)
+        held["n"] += mr is not None
+        return p, n, mr
+
+    def counting_unreg(mr):
+        held["n"] -= mr is not None
+        unreg(mr)
+
+    ctx._local, ctx._unreg = counting_local, counting_unreg
+    return lambda: held["n"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_batches_write_read_and_carry_an_immediate(transport):
+    """A write batch from memory of alloc() and a numpy array into two of
+    the peer's exports, posted twice; the same with an immediate, which
+    arrives only after all of the data; a strided read batch back."""
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener, c, s:
+            pool = np.frombuffer(ctx.alloc(16 * PAGE), np.uint8)
+            pool[:] = 0
+            side = np.zeros(1024, np.uint8)          # not from alloc: registered
+            rpool, rside = s.export(pool), s.export(side)
+            src = np.frombuffer(ctx.alloc(2 * PAGE), np.uint8)
+            user = pattern(512, 1)                    # registered by the batch
+            with c.batch([(src[:PAGE], rpool, 0), (user, rside, 128),
+                          (src[PAGE:], rpool, 5 * PAGE)]) as b:
+                assert len(b) == 3 and not b.read
+                for seed in (2, 3):
+                    src[:] = pattern(2 * PAGE, seed)
+                    await b.post()
+                    assert (pool[:PAGE] == src[:PAGE]).all()
+                    assert (pool[5 * PAGE:6 * PAGE] == src[PAGE:]).all()
+                    assert (side[128:640] == user).all()
+                imms = s.immediates()
+                src[:] = pattern(2 * PAGE, 4)
+                await b.post(imm=0xabcd)
+                assert await imms.__anext__() == 0xabcd
+                assert (pool[5 * PAGE:6 * PAGE] == src[PAGE:]).all()
+            with pytest.raises(OSError) as e:
+                await b.post()                        # closed
+            assert e.value.errno == 108
+            back = np.zeros(4 * PAGE, np.uint8)
+            pool[:] = pattern(16 * PAGE, 5)
+            with c.batch_strided(back, rpool, count=4, length=PAGE // 2, local_stride=PAGE,
+                                 remote_stride=2 * PAGE, offset=64, read=True) as rb:
+                await rb.post()
+                for i in range(4):
+                    got = back[i * PAGE:i * PAGE + PAGE // 2]
+                    want = pool[64 + 2 * i * PAGE:64 + 2 * i * PAGE + PAGE // 2]
+                    assert (got == want).all(), f"entry {i}"
+                    assert not back[i * PAGE + PAGE // 2:(i + 1) * PAGE].any()
+                with pytest.raises(OSError) as e:
+                    await rb.post(imm=1)                # an immediate rides on writes only
+                assert e.value.errno == 22
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_batch_refuses_bad_entries_naming_them(transport):
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener, c, s:
+            r = s.export(ctx.alloc(PAGE))
+            src = ctx.alloc(PAGE)
+            with pytest.raises(OSError) as e:
+                c.batch([(src[:100], r, 0), (src[:100], r, PAGE - 99)])
+            assert e.value.errno == 34 and "entry 1" in str(e.value)   # ERANGE
+            with pytest.raises(TypeError, match="entry 0"):
+                c.batch([(src, b"not a remote", 0)])
+            with pytest.raises(TypeError, match="entry 1"):
+                c.batch([(src, r, 0), (src, r)])
+            with pytest.raises(ValueError):
+                c.batch([])
+            with pytest.raises((TypeError, BufferError)):
+                c.batch([(b"read-only", r, 0)], read=True)
+            with pytest.raises(ValueError, match="need"):
+                c.batch_strided(src, r, count=3, length=PAGE // 2)
+            with pytest.raises(OSError) as e:
+                c.batch_strided(src, r, count=2, length=PAGE // 2, remote_stride=PAGE)
+            assert e.value.errno == 34
+            held = registrations_held(ctx)
+            user = np.zeros(64, np.uint8)               # registered, then refused
+            with pytest.raises(OSError):
+                c.batch([(user, r, 0), (user, r, PAGE)])
+            with pytest.raises(TypeError):
+                c.batch([(user, r, 0), (user, "no remote", 0)])
+            assert held() == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_failed_batch_says_what_completed(transport):
+    """The peer withdraws one of two exports after the batch was made: its
+    post fails, and ``done`` counts the entries in place, from the first."""
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener:
+            kept, gone = np.zeros(8 * PAGE, np.uint8), np.zeros(PAGE, np.uint8)
+            rk, rg = s.export(kept), s.export(gone)
+            src = np.frombuffer(ctx.alloc(8 * PAGE), np.uint8)
+            src[:] = pattern(8 * PAGE, 6)
+            entries = [(src[i * PAGE:(i + 1) * PAGE], rk, i * PAGE) for i in range(8)]
+            b = c.batch(entries + [(src[:PAGE], rg, 0)])
+            s.unexport(rg)
+            with pytest.raises(OSError) as e:
+                await b.post()
+            print(f"withdrawn export: {e.value} after {e.value.done} of 9 entries")
+            assert e.value.errno in (13, 104, 121)      # EACCES, ECONNRESET, EREMOTEIO
+            assert 0 <= e.value.done < 9
+            assert (kept[:e.value.done * PAGE] == src[:e.value.done * PAGE]).all()
+            b.close()
+            c.abort()
+            s.abort()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_cancelled_batch_post_leaves_the_batch_usable(transport):
+    """The awaiting task cancelled while a large post is under way: the
+    post is cancelled, the memory stays lent until meshwire is done, and
+    the same batch posts again, all of it; a batch dropped without close()
+    is freed with its registration."""
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener, c, s:
+            n = 2000
+            pool = np.frombuffer(ctx.alloc(n * PAGE), np.uint8)
+            r = s.export(pool)
+            src = np.frombuffer(ctx.alloc(n * PAGE), np.uint8)
+            src[:] = pattern(n * PAGE, 7)
+            b = c.batch_strided(src, r, count=n, length=PAGE)
+            task = asyncio.ensure_future(b.post())
+            await asyncio.sleep(0)                      # it posted, and awaits
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await b.post()
+            assert (pool == src).all()
+            b.close()
+            held = registrations_held(ctx)
+            user = np.zeros(PAGE, np.uint8)
+            dropped = c.batch([(user, r, 0)], read=True)
+            await dropped.post()
+            assert (user == src[:PAGE]).all() and held() == 1
+            del dropped
+            gc.collect()
+            for _ in range(100):                        # freed from the loop
+                if held() == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert held() == 0
+
+
+# --- rails --------------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_rails_spread_and_survive_a_rail_that_breaks(transport):
+    """Two rails to one peer's region, one per address (device): a write,
+    a read and a post spread over both; a rail whose connection is aborted
+    during a 16 MiB write is taken out ("down", with why) and the write
+    completes with every byte right on the other."""
+    size = 16 << 20
+    async with meshwire.Context() as ctx:
+        listener = ctx.listen("*:0", transport=transport)
+        conns = []
+        for addr in ADDRS[:2]:
+            conns.append(await asyncio.gather(
+                ctx.connect(f"{addr}:{listener.port}", transport=transport), listener.accept()))
+        pool = np.frombuffer(ctx.alloc(size), np.uint8)
+        pool[:] = 0
+        src = np.frombuffer(ctx.alloc(size), np.uint8)
+        src[:] = pattern(size, 8)
+        with ctx.rails(slice_bytes=256 << 10) as g:
+            for i, (c, s) in enumerate(conns):
+                assert g.add(c, s.export(pool)) == i
+            assert len(g) == 2
+            await g.write(src[:4 << 20], 0)
+            assert (pool[:4 << 20] == src[:4 << 20]).all()
+            back = np.zeros(1 << 20, np.uint8)          # not from alloc
+            await g.read(back, 1 << 20)
+            assert (back == src[1 << 20:2 << 20]).all()
+            await g.post([(src[:4096], 8 << 20), (back[:100], 9 << 20)])
+            assert (pool[8 << 20:(8 << 20) + 4096] == src[:4096]).all()
+            assert (pool[9 << 20:(9 << 20) + 100] == back[:100]).all()
+            st = g.stats()
+            assert [r["state"] for r in st] == ["up", "up"]
+            assert all(r["slices"] > 0 for r in st), st
+            pool[:] = 0
+            task = asyncio.ensure_future(g.write(src, 0))
+            await asyncio.sleep(0)
+            conns[1][1].abort()                         # rail 1's peer end
+            await task
+            assert (pool == src).all()
+            for _ in range(200):     # the write may have won the race with the break
+                st = g.stats(1)
+                if st["state"] == "down":
+                    break
+                await asyncio.sleep(0.01)
+            print(f"rail 1 after its peer aborted: {st['state']}, {st['why']!r}, "
+                  f"{st['reposted']} slices reposted")
+            assert st["state"] == "down" and st["why"]
+            with pytest.raises(TypeError):
+                g.add(conns[0][0], b"not a remote")
+            with pytest.raises(ValueError):
+                await g.post([])
+        with pytest.raises(OSError) as e:
+            await g.write(src[:10], 0)
+        assert e.value.errno == 108
+        for c, s in conns:
+            c.abort()
+            s.abort()
+        listener.close()

@@ -145,6 +145,32 @@ async def test_a_remote_travels_as_bytes():
         meshwire.Remote.from_bytes(b[:20])
 
 
+async def test_a_rail_group_without_rails_refuses_and_closes():
+    """No RDMA here: a group with no rail says so for each call, names
+    its bad arguments, and a closed one refuses with ESHUTDOWN."""
+    async with meshwire.Context() as ctx:
+        with pytest.raises(ValueError, match="slice_bytes"):
+            ctx.rails(-1)
+        g = ctx.rails()
+        assert len(g) == 0 and g.stats() == []
+        buf = ctx.alloc(4096)
+        with pytest.raises(OSError):                  # no rail to carry it
+            await g.write(buf, 0)
+        with pytest.raises(OSError):
+            g.stats(0)
+        with pytest.raises(TypeError, match="entry 0"):
+            await g.post([buf])
+        with pytest.raises(ValueError, match="at least one"):
+            await g.post([])
+        g.close()
+        assert "closed" in repr(g)
+        with pytest.raises(OSError) as e:
+            await g.read(buf, 0)
+        assert e.value.errno == 108
+        dropped = ctx.rails()                         # collected: freed from the loop
+        del dropped
+
+
 async def test_memory_let_go_of_inside_a_callback_with_the_context_closing(capfd):
     """A cancelled operation that was lent memory from alloc(), then close():
     the memory is the last thing the context waits for, and the operation
