@@ -20,9 +20,10 @@ from ._batch import Batch
 from ._comm import DTYPES, OPS, Communicator
 from ._conn import Connection, Listener, Remote
 from ._context import Context
+from ._dir import Directory, Entry, Peer
 from ._lib import ffi, lib
 from ._rails import Rails
 
 __version__ = ffi.string(lib.mw_version()).decode()
-__all__ = ["Context", "Connection", "Listener", "Remote", "Batch", "Rails", "Communicator", "DTYPES",
-           "OPS"]
+__all__ = ["Context", "Connection", "Listener", "Remote", "Batch", "Rails", "Directory",
+           "Entry", "Peer", "Communicator", "DTYPES", "OPS"]

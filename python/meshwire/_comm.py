@@ -180,8 +180,9 @@ def _comm_collected(ctx: Context, comm: Any) -> None:
     ctx._reaper.later(release)
 
 
-async def create(ctx: Context, rank: Optional[int], peers: Optional[Sequence[str]],
-                 opts: dict) -> Communicator:
+def comm_opts(opts: dict) -> tuple:
+    """mw_comm_opts_t from keywords (conn={...} for the connections, job=
+    a string): the struct, and what must live while the call reads it."""
     o = ffi.new(T.comm_opts_p)
     lib.mw_comm_opts_init(o)
     conn = opts.pop("conn", {})
@@ -190,6 +191,12 @@ async def create(ctx: Context, rank: Optional[int], peers: Optional[Sequence[str
     set_options(o.conn, "connection", conn)
     job_c = ffi.new(T.chars, job.encode()) if job is not None else ffi.NULL
     o.job = job_c                          # read during the call
+    return o, (o, job_c)
+
+
+async def create(ctx: Context, rank: Optional[int], peers: Optional[Sequence[str]],
+                 opts: dict) -> Communicator:
+    o, keep = comm_opts(opts)
     if peers is None:
         if rank is not None:
             raise TypeError("give both rank and peers, or neither (launcher environment)")

@@ -16,6 +16,7 @@ from ._release import Reaper
 if TYPE_CHECKING:
     from ._comm import Communicator
     from ._conn import Connection, Listener
+    from ._dir import Directory
     from ._rails import Rails
 
 Bufferable = Any   # anything with the buffer protocol: bytes, bytearray, numpy arrays, mmap...
@@ -39,6 +40,7 @@ _RANGES = {
         "max_inbox_bytes": (1, None), "retry_count": (0, 7), "rnr_retry": (0, 6),
         "max_accepting": (1, 65536),
     },
+    "directory": {"lease_ms": (300, 86400000), "timeout_ms": (1, None)},
 }
 
 TRANSPORTS = {lib.MW_TRANSPORT_AUTO: "auto", lib.MW_TRANSPORT_RDMA: "rdma",
@@ -223,6 +225,14 @@ class Context:
         Keyword options (connect()'s) are for the connections accepted."""
         from ._conn import Listener
         return Listener(self, addr, opts)
+
+    async def directory(self, url: Optional[str] = None, **opts: Any) -> "Directory":
+        """A directory on the store at @url ("redis://HOST[:PORT][/DB]" or
+        "unix:PATH[?db=N]"; default: MW_DIRECTORY from the environment),
+        once the store answered.  Keyword options are mw_dir_opts_t's:
+        prefix="mw", lease_ms=10000, timeout_ms=5000."""
+        from ._dir import open_directory
+        return await open_directory(self, url, opts)
 
     def rails(self, slice_bytes: int = 0) -> "Rails":
         """An empty rail group (mw_rails_new): add() a connection per NIC

@@ -66,6 +66,12 @@ class T:
     batch_pp = ffi.typeof("mw_batch_t **")
     batch_entries = ffi.typeof("mw_batch_entry_t[]")
     rails_pp = ffi.typeof("mw_rails_t **")
+    dir_p = ffi.typeof("mw_directory_t *")
+    dir_opts_p = ffi.typeof("mw_dir_opts_t *")
+    dir_list_p = ffi.typeof("mw_dir_list_t *")
+    dir_pub_p = ffi.typeof("mw_dir_pub_t *")
+    dir_shares = ffi.typeof("mw_dir_share_t[]")
+    dir_peer_p = ffi.typeof("mw_dir_peer_t *")
     rail_stats_p = ffi.typeof("mw_rail_stats_t *")
 
 

@@ -2,6 +2,10 @@
 once on uvloop (a plain hook: no plugin needed)."""
 import asyncio
 import inspect
+import os
+import socket
+import subprocess
+import time
 
 import pytest
 import uvloop
@@ -38,3 +42,33 @@ def pytest_sessionfinish(session, exitstatus):
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if exitstatus == 0 and tr and tr.stats.get("skipped") and not tr.stats.get("passed"):
         session.exitstatus = 77
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of the test module's own (Debian's, as scripts/setup
+    installs it) on a unix socket: the directory's store."""
+    server = "/usr/bin/redis-server"
+    if not os.access(server, os.X_OK):
+        pytest.fail("redis-server not installed (scripts/setup installs it)")
+    d = tmp_path_factory.mktemp("redis")
+    sock = str(d / "redis.sock")
+    p = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "",
+                          "--appendonly", "no", "--dir", str(d)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(sock)
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                time.sleep(0.01)
+        else:
+            pytest.fail(f"redis-server did not answer on {sock} within 5 s")
+        yield f"unix:{sock}"
+    finally:
+        p.terminate()
+        p.wait()

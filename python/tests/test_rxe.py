@@ -705,3 +705,74 @@ async def test_rails_spread_and_survive_a_rail_that_breaks(transport):
             c.abort()
             s.abort()
         listener.close()
+
+
+# --- the directory --------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_connect_by_name_to_shared_regions(transport, redis_url):
+    """A prefill process publishes its KV pool and a table under a name and
+    listens; a decode process connects knowing only the name and gets both
+    regions by name: it reads the pool, writes the table, and posts a
+    strided batch of blocks.  Unpublished, the name is gone and its
+    publication's iteration ends; the connection made stays."""
+    job = f"py{os.getpid()}{transport}"
+    async with meshwire.Context() as ctx:
+        async with await ctx.directory(redis_url) as prefill, \
+                await ctx.directory(redis_url) as decode:
+            kv = np.frombuffer(ctx.alloc(1 << 20), np.uint8)
+            kv[:] = pattern(1 << 20, 9)
+            table = np.zeros(4096, np.uint8)              # not from alloc: registered
+            pub = await prefill.publish(f"{job}/prefill/0", listen=f"{HOST}:0",
+                                        shares={"kv": kv, "table": table}, tag="pool",
+                                        transport=transport)
+            e = await decode.lookup(f"{job}/prefill/0")
+            assert e.serves and e.regions == {"kv": 1 << 20, "table": 4096} and e.tag == "pool"
+            peer, server = await asyncio.gather(
+                decode.connect(f"{job}/prefill/0", transport=transport), pub.__anext__())
+            async with peer.conn, server:
+                assert peer.conn.stats()["transport"] == path_of(transport)
+                assert sorted(peer.regions) == ["kv", "table"]
+                got = ctx.alloc(1 << 20)
+                await peer.conn.read(got, peer.regions["kv"])
+                assert bytes(got) == kv.tobytes()
+                await peer.conn.write(b"y" * 16, peer.regions["table"], 32)
+                assert bytes(table[32:48]) == b"y" * 16
+                blocks = np.zeros(8 * PAGE, np.uint8)
+                with peer.conn.batch_strided(blocks, peer.regions["kv"], count=8, length=PAGE,
+                                             remote_stride=4 * PAGE, read=True) as b:
+                    await b.post()
+                for i in range(8):
+                    assert (blocks[i * PAGE:(i + 1) * PAGE] ==
+                            kv[4 * i * PAGE:(4 * i + 1) * PAGE]).all(), f"block {i}"
+                await prefill.unpublish(f"{job}/prefill/0")
+                assert [c async for c in pub] == []
+                with pytest.raises(FileNotFoundError):
+                    await decode.connect(f"{job}/prefill/0", transport=transport)
+                await peer.conn.write(b"z" * 16, peer.regions["table"], 64)   # stays
+                assert bytes(table[64:80]) == b"z" * 16
+
+
+async def test_a_communicator_formed_through_the_directory(redis_url):
+    """Three ranks, each knowing only the job name and its rank, find each
+    other through the directory and allreduce; a rank's entry stays while
+    its communicator lives."""
+    job = f"pycomm{os.getpid()}"
+    ctxs = [meshwire.Context() for _ in range(3)]
+    dirs = await asyncio.gather(*(ctx.directory(redis_url) for ctx in ctxs))
+    comms = await asyncio.gather(*(d.communicator(job, r, 3, timeout_ms=20000)
+                                   for r, d in enumerate(dirs)))
+    assert [c.rank for c in comms] == [0, 1, 2] and {c.size for c in comms} == {3}
+    out = await asyncio.gather(*(c.allreduce(np.full(1000, r + 1, np.float32))
+                                 for r, c in enumerate(comms)))
+    for o in out:
+        assert (o == 6).all()
+    assert [e.name for e in await dirs[0].list(f"{job}/rank/")] == \
+        [f"{job}/rank/{r}" for r in range(3)]
+    await asyncio.gather(*(c.barrier() for c in comms))
+    for c in comms:
+        c.free()
+    for d in dirs:
+        d.close()
+    for ctx in ctxs:
+        ctx.close()

@@ -5,6 +5,7 @@ callbacks, a context closed under a cancelled operation, the garbage
 collector running finalizers while cffi's lock is held."""
 import asyncio
 import gc
+import os
 import random
 import subprocess
 import sys
@@ -351,3 +352,66 @@ def test_the_binding_checks_the_ranges_meshwire_checks():
                         _context.set_options(py, "connection", {name: value})
     finally:
         lib.mw_ctx_free(ctx)
+
+
+async def test_the_directory_publishes_finds_lists_and_watches(redis_url):
+    """Without RDMA: entries published by addresses, looked up, listed by
+    role and watched as they come and go, by two directories on one store;
+    bad input refused by name; a closed directory refuses."""
+    async with meshwire.Context() as ctx:
+        job = f"unit{os.getpid()}x{id(ctx) % 1000}"
+        async with await ctx.directory(redis_url, lease_ms=2000) as a, \
+                await ctx.directory(redis_url) as b:
+            w = b.watch(f"{job}/")
+            assert await w.__anext__() == ("synced", None)      # nothing yet
+            await a.publish(f"{job}/prefill/0", addrs="192.0.2.7:7470", tag="gpu0")
+            event, e = await w.__anext__()
+            assert event == "joined" and e.name == f"{job}/prefill/0"
+            got = await b.lookup(f"{job}/prefill/0")
+            assert (got.addrs, got.tag, got.serves, got.regions) == \
+                ("192.0.2.7:7470", "gpu0", False, {})
+            assert got.instance == e.instance
+            await a.publish(f"{job}/decode/0", addrs="192.0.2.8:7470")
+            await a.publish(f"{job}/decode/1", addrs="192.0.2.9:7470")
+            assert [x.name for x in await b.list(f"{job}/decode/")] == \
+                [f"{job}/decode/0", f"{job}/decode/1"]
+            assert len(await b.list(f"{job}/")) == 3
+            await a.unpublish(f"{job}/decode/0")
+            seen = []
+            async for event, e in w:
+                seen.append((event, e.name))
+                if event == "left":
+                    break
+            assert seen == [("joined", f"{job}/decode/0"), ("joined", f"{job}/decode/1"),
+                            ("left", f"{job}/decode/0")]
+            with pytest.raises(FileNotFoundError):
+                await b.lookup(f"{job}/decode/0")
+            with pytest.raises(OSError) as ei:
+                await a.publish("bad//name", addrs="192.0.2.7:1")
+            assert ei.value.errno == 22
+            with pytest.raises(TypeError, match="listen .* or addrs"):
+                await a.publish(f"{job}/x")
+            with pytest.raises(TypeError, match="shares"):
+                await a.publish(f"{job}/x", addrs="192.0.2.7:1", shares={"kv": ctx.alloc(64)})
+            with pytest.raises(ValueError, match="lease_ms"):
+                await ctx.directory(redis_url, lease_ms=10)
+            w.close()
+            assert [x async for x in w] == []
+        with pytest.raises(OSError) as ei:                      # closed with the block
+            await a.lookup(f"{job}/prefill/0")
+        assert ei.value.errno == 108
+        async with await ctx.directory(redis_url) as c:         # a's entries went with it
+            assert await c.list(f"{job}/") == []
+        with pytest.raises(OSError):
+            await ctx.directory("redis://", timeout_ms=100)
+        dropped = await ctx.directory(redis_url)                # never closed
+        await dropped.publish(f"{job}/dropped", addrs="192.0.2.7:1")
+        async with await ctx.directory(redis_url) as c:
+            assert len(await c.list(f"{job}/")) == 1
+            del dropped
+            gc.collect()                                        # freed from the loop:
+            for _ in range(200):                                # its entry goes too
+                if not await c.list(f"{job}/"):
+                    break
+                await asyncio.sleep(0.01)
+            assert await c.list(f"{job}/") == []
