@@ -10,6 +10,7 @@ import numpy as np
 from ._context import Context, set_options
 from ._lib import T, check, error, ffi, lib
 from ._release import finalize
+from ._tensor import as_array, implied_dtype, is_tensor
 
 _DTYPES = {
     "int8": lib.MW_INT8, "int16": lib.MW_INT16, "int32": lib.MW_INT32, "int64": lib.MW_INT64,
@@ -24,7 +25,7 @@ OPS = tuple(_OPS)
 
 
 def _array(a: Any, what: str, writable: bool) -> np.ndarray:
-    arr = np.asarray(a)
+    arr = as_array(a, what) if is_tensor(a) else np.asarray(a)
     if not arr.flags.c_contiguous:
         raise ValueError(f"{what}: not contiguous (meshwire moves arrays where they lie)")
     if writable and not arr.flags.writeable:
@@ -34,7 +35,10 @@ def _array(a: Any, what: str, writable: bool) -> np.ndarray:
 
 def _dtype(arr: np.ndarray, dtype: Optional[str]) -> Any:
     """meshwire's type for @arr: its own, or @dtype ("bf16" over uint16)."""
-    name = dtype or arr.dtype.name
+    implied = implied_dtype(arr)
+    if implied and dtype and dtype != implied:
+        raise TypeError(f"a {implied} tensor is not {dtype}")
+    name = dtype or implied or arr.dtype.name
     if name not in _DTYPES:
         raise TypeError(f"meshwire has no type {name!r} (it has {', '.join(DTYPES)})")
     if np.dtype("uint16" if name == "bf16" else name).itemsize != arr.dtype.itemsize:
@@ -70,9 +74,11 @@ class Communicator:
             raise error(-108, "the communicator is freed")
         return self._comm
 
-    async def _run(self, f: Any, what: str, keep: tuple, result: Any) -> Any:
+    async def _run(self, f: Any, what: str, keep: tuple, result: Any,
+                   given: Any = None) -> Any:
+        """Await @f; the result is @result, or the tensor @given it views."""
         await self._ctx._await(f, what, keep=keep)
-        return result
+        return given if is_tensor(given) else result
 
     async def barrier(self) -> None:
         await self._ctx._await(lib.mw_barrier(self._live()), "barrier")
@@ -80,7 +86,7 @@ class Communicator:
     async def broadcast(self, buf: Any, root: int = 0, dtype: Optional[str] = None) -> Any:
         a = _array(buf, "broadcast", True)
         f = lib.mw_broadcast(self._live(), _ptr(a), a.size, _dtype(a, dtype), root)
-        return await self._run(f, "broadcast", (a,), a)
+        return await self._run(f, "broadcast", (a,), a, buf)
 
     async def allreduce(self, array: Any, out: Any = None, op: str = "sum",
                         dtype: Optional[str] = None) -> Any:
@@ -90,7 +96,7 @@ class Communicator:
         if o.size != a.size:
             raise ValueError(f"allreduce: out holds {o.size} elements, not {a.size}")
         f = lib.mw_allreduce(self._live(), _ptr(a), _ptr(o), a.size, _dtype(a, dtype), _op(op))
-        return await self._run(f, "allreduce", (a, o), o)
+        return await self._run(f, "allreduce", (a, o), o, array if out is None else out)
 
     async def reduce(self, array: Any, out: Any = None, op: str = "sum", root: int = 0,
                      dtype: Optional[str] = None) -> Any:
@@ -99,7 +105,7 @@ class Communicator:
         o = a if out is None else _array(out, "reduce out", True)
         f = lib.mw_reduce(self._live(), _ptr(a), _ptr(o), a.size, _dtype(a, dtype), _op(op),
                           root)
-        return await self._run(f, "reduce", (a, o), o)
+        return await self._run(f, "reduce", (a, o), o, array if out is None else out)
 
     async def allgather(self, array: Any, out: Any, dtype: Optional[str] = None) -> Any:
         """@out (size x len(array)) gets every rank's @array, rank order."""
@@ -107,7 +113,7 @@ class Communicator:
         if o.size != a.size * self.size:
             raise ValueError(f"allgather: out must hold {a.size * self.size} elements")
         f = lib.mw_allgather(self._live(), _ptr(a), _ptr(o), a.size, _dtype(a, dtype))
-        return await self._run(f, "allgather", (a, o), o)
+        return await self._run(f, "allgather", (a, o), o, out)
 
     async def reduce_scatter(self, array: Any, out: Any, op: str = "sum",
                              dtype: Optional[str] = None) -> Any:
@@ -117,7 +123,7 @@ class Communicator:
             raise ValueError(f"reduce_scatter: out must hold {self.block_of(a.size)[1]} elements")
         f = lib.mw_reduce_scatter(self._live(), _ptr(a), _ptr(o), a.size, _dtype(a, dtype),
                                   _op(op))
-        return await self._run(f, "reduce_scatter", (a, o), o)
+        return await self._run(f, "reduce_scatter", (a, o), o, out)
 
     async def gather(self, array: Any, out: Any = None, root: int = 0,
                      dtype: Optional[str] = None) -> Any:
@@ -127,7 +133,7 @@ class Communicator:
         if self.rank == root and (o is None or o.size != a.size * self.size):
             raise ValueError(f"gather: the root's out must hold {a.size * self.size} elements")
         f = lib.mw_gather(self._live(), _ptr(a), _ptr(o), a.size, _dtype(a, dtype), root)
-        return await self._run(f, "gather", (a, o), o)
+        return await self._run(f, "gather", (a, o), o, out)
 
     async def scatter(self, array: Any, out: Any, root: int = 0,
                       dtype: Optional[str] = None) -> Any:
@@ -137,7 +143,7 @@ class Communicator:
         if self.rank == root and (a is None or a.size != o.size * self.size):
             raise ValueError(f"scatter: the root's array must hold {o.size * self.size} elements")
         f = lib.mw_scatter(self._live(), _ptr(a), _ptr(o), o.size, _dtype(o, dtype), root)
-        return await self._run(f, "scatter", (a, o), o)
+        return await self._run(f, "scatter", (a, o), o, out)
 
     async def alltoall(self, array: Any, out: Any, dtype: Optional[str] = None) -> Any:
         """Block b of @array goes to rank b; block b of @out came from it."""
@@ -146,7 +152,7 @@ class Communicator:
             raise ValueError("alltoall: array and out hold size x count elements each")
         f = lib.mw_alltoall(self._live(), _ptr(a), _ptr(o), a.size // self.size,
                             _dtype(a, dtype))
-        return await self._run(f, "alltoall", (a, o), o)
+        return await self._run(f, "alltoall", (a, o), o, out)
 
     def block_of(self, count: int, rank: Optional[int] = None) -> tuple:
         """(offset, length) of block @rank (default: this one) of @count."""

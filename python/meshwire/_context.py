@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from . import _future
 from ._lib import T, check, error, ffi, lib
 from ._release import Reaper
+from ._tensor import is_tensor, span
 
 if TYPE_CHECKING:
     from ._comm import Communicator
@@ -155,6 +156,14 @@ class Context:
         cp = ffi.gc(ffi.cast(T.char_p, p), released, size)
         return memoryview(ffi.buffer(cp, size))
 
+    def tensor(self, shape: Any, dtype: Any) -> Any:
+        """A torch tensor of @shape and @dtype (torch.float16,
+        torch.bfloat16...) over registered memory from alloc(): a KV pool
+        that one-sided operations use as it is.  Its memory goes with the
+        tensor's last view."""
+        from ._tensor import alloc
+        return alloc(self, shape, dtype)
+
     def _release_block(self, start: int, p: Any) -> None:
         del self._starts[bisect.bisect_left(self._starts, start)]
         del self._ends[start]
@@ -168,11 +177,15 @@ class Context:
         return i >= 0 and addr + n <= self._ends[self._starts[i]]
 
     def _local(self, obj: Bufferable, writable: bool) -> tuple:
-        """(pointer, length, registration or None) for @obj, without a copy:
-        memory from alloc() as it is, any other memory registered
-        (mw_reg; drop the registration with _unreg once done)."""
-        p = ffi.from_buffer(T.chars, obj, require_writable=writable)
-        n = len(p)
+        """(pointer, length, registration or None) for @obj -- a buffer or
+        a CPU torch tensor -- without a copy: memory from alloc() as it
+        is, any other memory registered (mw_reg; drop the registration
+        with _unreg once done).  The caller keeps @obj referenced."""
+        if is_tensor(obj):
+            p, n = span(obj)
+        else:
+            p = ffi.from_buffer(T.chars, obj, require_writable=writable)
+            n = len(p)
         if n == 0 or self._ours(int(ffi.cast(T.uintptr, p)), n):
             return p, n, None
         mrp = ffi.new(T.mr_pp)

@@ -776,3 +776,43 @@ async def test_a_communicator_formed_through_the_directory(redis_url):
         d.close()
     for ctx in ctxs:
         ctx.close()
+
+
+# --- torch --------------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_torch_tensors_move_and_reduce_where_they_lie(transport):
+    """A KV pool as a bf16 tensor over registered memory, exported; a
+    plain tensor's blocks written into it by a batch and read back into
+    another tensor; collectives on bf16, f16 and f32 tensors return the
+    tensors themselves, reduced in place."""
+    torch = pytest.importorskip("torch")
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener, c, s:
+            pool = ctx.tensor((8, 256), torch.bfloat16)
+            pool.zero_()
+            r = s.export(pool)
+            blocks = torch.randn(2, 256).to(torch.bfloat16)           # not from alloc
+            with c.batch([(blocks[0], r, 3 * 512), (blocks[1], r, 5 * 512)]) as b:
+                await b.post()
+            assert torch.equal(pool[3], blocks[0]) and torch.equal(pool[5], blocks[1])
+            back = torch.empty(256, dtype=torch.bfloat16)
+            await c.read(back, r, 5 * 512)
+            assert torch.equal(back, blocks[1])
+    nranks = 3
+    base = random.randint(20000, 40000)
+    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
+    ctxs = [meshwire.Context() for _ in range(nranks)]
+    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
+                                   for r, ctx in enumerate(ctxs)))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        ts = [torch.full((1000,), float(r + 1), dtype=dtype) for r in range(nranks)]
+        out = await asyncio.gather(*(c.allreduce(t) for c, t in zip(comms, ts)))
+        for o, t in zip(out, ts):
+            assert o is t and bool((t == 6).all()), dtype
+    await asyncio.gather(*(c.barrier() for c in comms))
+    for c in comms:
+        c.free()
+    for ctx in ctxs:
+        ctx.close()

@@ -415,3 +415,41 @@ async def test_the_directory_publishes_finds_lists_and_watches(redis_url):
                     break
                 await asyncio.sleep(0.01)
             assert await c.list(f"{job}/") == []
+
+
+async def test_torch_tensors_are_used_where_they_lie():
+    """CPU tensors go where buffers go, by their data pointer (no copy):
+    one over registered memory (Context.tensor) needs no registration,
+    any other is registered; their dtype names the collectives' type,
+    bf16 and f16 included; a non-contiguous one is refused."""
+    torch = pytest.importorskip("torch")
+    async with meshwire.Context() as ctx:
+        kv = ctx.tensor((4, 16, 8), torch.bfloat16)
+        assert kv.shape == (4, 16, 8) and kv.dtype == torch.bfloat16
+        kv.fill_(1.5)
+        p, n, mr = ctx._local(kv, True)
+        assert int(ffi.cast("uintptr_t", p)) == kv.data_ptr() and n == 4 * 16 * 8 * 2
+        assert mr is None                                  # alloc()'s memory
+        plain = torch.arange(100, dtype=torch.float16)
+        p, n, mr = ctx._local(plain, False)
+        assert int(ffi.cast("uintptr_t", p)) == plain.data_ptr() and n == 200
+        assert mr is not None                              # registered for the call
+        ctx._unreg(mr)
+        with pytest.raises(ValueError, match="not contiguous"):
+            ctx._local(torch.zeros(8, 8)[:, 1], False)
+        a = _comm._array(kv, "x", True)
+        assert _comm._dtype(a, None) == lib.MW_BF16 and a.ctypes.data == kv.data_ptr()
+        with pytest.raises(TypeError, match="bf16 tensor is not float16"):
+            _comm._dtype(a, "float16")
+        assert _comm._dtype(_comm._array(plain, "x", True), None) == lib.MW_F16
+        assert _comm._dtype(_comm._array(torch.zeros(3, dtype=torch.int64), "x", True),
+                            None) == lib.MW_INT64
+        with pytest.raises(TypeError, match="no type 'complex64'"):
+            _comm._dtype(_comm._array(torch.zeros(3, dtype=torch.complex64), "x", True), None)
+        del kv, a                                          # the pool goes with its tensor
+        for _ in range(100):
+            gc.collect()
+            if not ctx._starts:
+                break
+            await asyncio.sleep(0.01)
+        assert not ctx._starts
