@@ -16,6 +16,7 @@ transport="rdma").  Errors are OSError subclasses chosen by errno
 (ConnectionRefusedError, TimeoutError, ConnectionResetError...), with
 meshwire's message.  README.md's "Python (asyncio)" says more.
 """
+from ._agent import Agent, RemoteAgent, Xfer
 from ._batch import Batch
 from ._comm import DTYPES, OPS, Communicator
 from ._conn import Connection, Listener, Remote
@@ -26,4 +27,4 @@ from ._rails import Rails
 
 __version__ = ffi.string(lib.mw_version()).decode()
 __all__ = ["Context", "Connection", "Listener", "Remote", "Batch", "Rails", "Directory",
-           "Entry", "Peer", "Communicator", "DTYPES", "OPS"]
+           "Entry", "Peer", "Agent", "RemoteAgent", "Xfer", "Communicator", "DTYPES", "OPS"]

@@ -52,6 +52,15 @@ class Batch:
         from the first, completed (later ones did not, though bytes of
         them may have landed).  Cancelling the awaiting task cancels the
         post; the memory stays lent until meshwire is done with it."""
+        aw, done = self._start(imm)
+        try:
+            await aw
+        except OSError as e:
+            e.done = done[0]
+            raise
+
+    def _start(self, imm: Optional[int]) -> Tuple[Any, Any]:
+        """Post now: (the awaitable, its done count's cell)."""
         if self._b is None:
             raise error(-108, "the batch is closed")   # ESHUTDOWN
         done = ffi.new(T.size_p)
@@ -62,11 +71,7 @@ class Batch:
                 raise ValueError(f"imm={imm}: a 32-bit immediate is 0..{(1 << 32) - 1}")
             f = lib.mw_batch_post_imm(self._b, imm, done)
         self._posts += 1
-        try:
-            await self._ctx._await(f, "batch post", keep=(self, done), after=self._post_done)
-        except OSError as e:
-            e.done = done[0]
-            raise
+        return self._ctx._await(f, "batch post", keep=(self, done), after=self._post_done), done
 
     def _post_done(self) -> None:
         self._posts -= 1

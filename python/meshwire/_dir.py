@@ -312,6 +312,12 @@ class Directory:
             convert=lambda v: Communicator(self._ctx, ffi.cast(T.comm_p, v)),
             orphan=lambda comm: comm.free())
 
+    def agent(self, name: str, listen: str = "*:0", **conn_opts: Any) -> Any:
+        """A transfer agent named @name here (see meshwire.Agent): register
+        its regions, then ``await agent.start()``."""
+        from ._agent import Agent
+        return Agent(self, name, listen, conn_opts)
+
     def close(self) -> None:
         """Remove this directory's entries (sent, not waited for), end its
         watches and publications; its pending calls fail."""

@@ -816,3 +816,88 @@ async def test_torch_tensors_move_and_reduce_where_they_lie(transport):
         c.free()
     for ctx in ctxs:
         ctx.close()
+
+
+# --- the transfer agent ------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_agents_move_kv_blocks_with_notes_after_their_data(transport, redis_url):
+    """A decode agent shares its KV pool (a bf16 tensor); a prefill agent
+    finds it by name, prepares a write of its blocks into chosen pool slots
+    and transfers it with a note: whenever the decode side sees a note,
+    that request's blocks are all in place.  Reads the other way, plain
+    notes, a cancelled transfer, names and bad entries refused."""
+    torch = pytest.importorskip("torch")
+    job = f"agent{os.getpid()}{transport}"
+    blk = 64                                             # bf16 elements per block
+    async with meshwire.Context() as ctx:
+        async with await ctx.directory(redis_url) as d:
+            pool = ctx.tensor((4096, blk), torch.bfloat16)
+            pool.zero_()
+            decode = d.agent(f"{job}/decode/0", transport=transport)
+            decode.register("kv", pool)
+            await decode.start()
+            prefill = d.agent(f"{job}/prefill/0", transport=transport)
+            await prefill.start()
+            peer = await prefill.connect(f"{job}/decode/0")
+            assert await prefill.connect(f"{job}/decode/0") is peer
+            notes = decode.notifications()
+
+            async def request(rid, slots):
+                kv = torch.full((len(slots), blk), float(rid), dtype=torch.bfloat16)
+                xfer = prefill.prepare(peer, list(kv), [("kv", s * blk * 2) for s in slots])
+                return xfer, kv
+
+            def in_place(rid, slots):
+                return all(bool((pool[s] == float(rid)).all()) for s in slots)
+
+            for rid in range(1, 6):                       # one transfer per request
+                slots = list(range(rid * 100, rid * 100 + 32))
+                xfer, kv = await request(rid, slots)
+                with xfer:
+                    await prefill.transfer(xfer, f"req {rid}".encode())
+                name, note = await notes.__anext__()
+                assert (name, note) == (f"{job}/prefill/0", f"req {rid}".encode())
+                assert in_place(rid, slots)
+            # a transfer cancelled under way: its note is shown only with
+            # all of its data, or never; the next one's comes
+            big = list(range(1000, 3000))
+            xfer, kv = await request(7, big)
+            task = asyncio.ensure_future(prefill.transfer(xfer, b"req 7"))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            xfer2, kv2 = await request(8, [5, 6])
+            await prefill.transfer(xfer2, b"req 8")
+            name, note = await notes.__anext__()
+            if note == b"req 7":
+                assert in_place(7, big)
+                name, note = await notes.__anext__()
+            assert note == b"req 8" and in_place(8, [5, 6])
+            xfer.close()
+            xfer2.close()
+            # reads: the decode pool's blocks back into prefill's memory
+            back = torch.zeros((2, blk), dtype=torch.bfloat16)
+            with prefill.prepare(peer, list(back), [("kv", 5 * blk * 2), ("kv", 6 * blk * 2)],
+                                 read=True) as rx:
+                await prefill.transfer(rx, b"read done")
+            assert bool((back == 8.0).all())
+            assert await notes.__anext__() == (f"{job}/prefill/0", b"read done")
+            await prefill.send_notif(peer, b"plain")
+            assert await notes.__anext__() == (f"{job}/prefill/0", b"plain")
+            with pytest.raises(KeyError, match="no region 'v'"):
+                prefill.prepare(peer, [back[0]], [("v", 0)])
+            with pytest.raises(OSError) as e:                 # past the pool's end
+                prefill.prepare(peer, [back[0]], [("kv", 4096 * blk * 2 - 8)])
+            assert e.value.errno == 34
+            with pytest.raises(ValueError, match="2 local blocks, 1 remote"):
+                prefill.prepare(peer, list(back), [("kv", 0)])
+            with pytest.raises(RuntimeError, match="before start"):
+                decode.register("late", back)
+            with pytest.raises(FileNotFoundError):
+                await prefill.connect(f"{job}/decode/9")
+            await prefill.close()
+            await decode.close()
+            assert [n async for n in notes] == []
+            assert await d.list(f"{job}/") == []

@@ -453,3 +453,31 @@ async def test_torch_tensors_are_used_where_they_lie():
                 break
             await asyncio.sleep(0.01)
         assert not ctx._starts
+
+
+def test_an_agents_notes_wait_for_their_data():
+    """The rule of a write transfer's note (Agent.transfer): shown once the
+    immediate on its last entry came, whichever arrives first; dropped
+    when a later transfer's immediate comes first (its own failed); k
+    wraps at 2**32."""
+    from meshwire._agent import _Inbox
+    shown = []
+    box = _Inbox(shown.append)
+    box.note(0, b"a")
+    assert shown == []                    # its data is not in place yet
+    box.immediate(0)
+    assert shown == [b"a"]
+    box.immediate(1)                      # the immediate before its note
+    box.note(1, b"b")
+    assert shown == [b"a", b"b"]
+    box.note(2, b"failed")                # transfer 2 failed: no immediate 2
+    box.note(3, b"c")
+    box.immediate(3)
+    assert shown == [b"a", b"b", b"c"]
+    box.note(2, b"late")                  # a note older than what completed
+    assert shown == [b"a", b"b", b"c"] and not box._held
+    box = _Inbox(shown.append)
+    box.note((1 << 32) - 1, b"x")
+    box.note(0, b"y")
+    box.immediate(0)                      # 0 follows 2**32 - 1: x failed
+    assert shown[-1] == b"y" and not box._held
