@@ -109,6 +109,7 @@ class Agent:
         self._notifs: asyncio.Queue = asyncio.Queue()
         self._tasks: set = set()
         self._accepted: List[Connection] = []
+        self._imms: Dict[int, AsyncIterator[int]] = {}   # accepted, not yet taken
 
     # --- memory and the name ------------------------------------------------
 
@@ -126,7 +127,8 @@ class Agent:
     async def start(self) -> "Agent":
         """Listen, and publish the name with the regions."""
         self._pub = await self._d.publish(self.name, listen=self._listen,
-                                          shares=self._shares, **self._conn_opts)
+                                          shares=self._shares, on_accept=self._take_imms,
+                                          **self._conn_opts)
         self._spawn(self._accept_all(self._pub))
         return self
 
@@ -135,11 +137,15 @@ class Agent:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
+    def _take_imms(self, conn: Connection) -> None:
+        """At once, as the connection is accepted: its peer's first
+        transfer may come before the loop runs _accept_all."""
+        self._imms[id(conn)] = conn.immediates()
+
     async def _accept_all(self, pub: Publication) -> None:
         async for conn in pub:
             self._accepted.append(conn)
-            imms = conn.immediates()       # asked before the peer can write
-            self._spawn(self._receive(conn, imms))
+            self._spawn(self._receive(conn, self._imms.pop(id(conn))))
 
     async def _receive(self, conn: Connection, imms: AsyncIterator[int]) -> None:
         """The notes of a peer that connected to us: its first message names

@@ -5,7 +5,7 @@ file, no address handed around by hand."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._conn import Connection, Remote
 from ._context import Context, set_options
@@ -121,7 +121,10 @@ def _on_accept(l: Any, c: Any, arg: Any) -> None:
         lib.mw_conn_abort(c)
         return
     try:
-        pub._accepted.put_nowait(Connection(pub._d._ctx, c))
+        conn = Connection(pub._d._ctx, c)
+        if pub._on_accept is not None:
+            pub._on_accept(conn)           # before the peer can use it
+        pub._accepted.put_nowait(conn)
     except Exception as e:
         lib.mw_conn_abort(c)
         pub._accepted.put_nowait(e)
@@ -134,8 +137,9 @@ class Publication:
     directory's close() ends the iteration.  Shares stay lent (and, not
     from Context.alloc, registered) until then."""
 
-    def __init__(self, d: "Directory", name: str, regs: list, keep: Any):
-        self._d, self.name = d, name
+    def __init__(self, d: "Directory", name: str, regs: list, keep: Any,
+                 on_accept: Optional[Callable[[Connection], None]]):
+        self._d, self.name, self._on_accept = d, name, on_accept
         self._regs, self._keep = regs, keep
         self._accepted: asyncio.Queue = asyncio.Queue()
         self._key = callbacks.add(self)
@@ -193,14 +197,17 @@ class Directory:
 
     async def publish(self, name: str, *, listen: Optional[str] = None,
                       addrs: Optional[str] = None, tag: Optional[str] = None,
-                      shares: Optional[Dict[str, Any]] = None, **conn_opts: Any) -> Publication:
+                      shares: Optional[Dict[str, Any]] = None,
+                      on_accept: Optional[Callable[[Connection], None]] = None,
+                      **conn_opts: Any) -> Publication:
         """Publish @name under a lease renewed until unpublish() or
         close().  With @listen ("*:0": every address, a free port), listen
         there and publish the addresses listened on: peers connect by name
         and get @shares (name -> buffer) exported, with a region table;
-        iterate the Publication for the connections.  Without it, publish
-        @addrs as they are.  Keyword options are for accepted connections
-        (connect()'s)."""
+        iterate the Publication for the connections (@on_accept, if given,
+        is called with each at once, before its peer can use it: to ask
+        for its immediates()).  Without it, publish @addrs as they are.
+        Keyword options are for accepted connections (connect()'s)."""
         if (listen is None) == (addrs is None):
             raise TypeError("publish: give listen (to accept) or addrs (to name), one of them")
         if shares and listen is None:
@@ -241,7 +248,7 @@ class Directory:
                 self._ctx._unreg(mr)
             keep.clear()
             raise
-        publication = Publication(self, name, regs, keep)
+        publication = Publication(self, name, regs, keep, on_accept)
         if listen is not None:
             pub.on_accept, pub.arg = _on_accept, callbacks.arg(publication._key)
         old = self._pubs.get(name)
