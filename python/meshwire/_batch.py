@@ -3,7 +3,7 @@ connection and posted as often as wanted, each post one awaitable -- the
 shape of a KV cache's block list."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 from ._conn import Remote
 from ._lib import T, error, ffi, lib
