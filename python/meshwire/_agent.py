@@ -270,8 +270,8 @@ class Agent:
     # --- the end ----------------------------------------------------------------
 
     async def close(self) -> None:
-        """Leave the directory and close every connection (pending
-        transfers fail); notifications() ends."""
+        """Leave the directory and close every connection, once what is
+        under way on them finished; notifications() ends."""
         if self._pub is not None:
             self._pub = None
             try:
@@ -283,8 +283,8 @@ class Agent:
         conns = [p.conn for p in self._peers.values()] + self._accepted
         self._peers.clear()
         self._accepted = []
-        for c in conns:
-            c.abort()
+        # gracefully: what is under way on them finishes first
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
         self._notifs.put_nowait(None)
 
     async def __aenter__(self) -> "Agent":

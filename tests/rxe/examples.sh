@@ -6,12 +6,15 @@
 # finding each other through a Redis.
 # With HELLO_PY (the Python binding built), hello.py talks to hello both
 # ways round: a Python client to the C server, the C client to Python's.
-#   examples.sh HELLO EPOLL_CLIENT ALLREDUCE [HELLO_PY]   (meson, rxe suite)
+# With KV_AGENT_PY too, kv_agent.py's two roles move KV blocks through the
+# directory: decode checks every request's blocks as its note arrives.
+#   examples.sh HELLO EPOLL_CLIENT ALLREDUCE [HELLO_PY KV_AGENT_PY]   (meson, rxe suite)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
 need_rdma
 HELLO=$(realpath "$1") EPOLL=$(realpath "$2") ALLREDUCE=$(realpath "$3")
 HELLO_PY=${4:+$(realpath "$4")}
+KV_AGENT_PY=${5:+$(realpath "$5")}
 IFS=, read -ra A <<<"${MW_ADDRS:?}"
 port=$((7200 + RANDOM % 400))
 st=0
@@ -76,6 +79,14 @@ if [[ -x /usr/bin/redis-server ]]; then
         timeout 120 "$ALLREDUCE" --dir "unix:$sock" ex-job "$r" 3 & pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || st=1; done
+    if [[ -n $KV_AGENT_PY ]]; then
+        timeout 180 "$KV_AGENT_PY" decode "unix:$sock" ex-agent 8 >"$log" 2>&1 & server=$!
+        retry 60 grep -q listening "$log" || { cat "$log"; st=1; }
+        timeout 120 "$KV_AGENT_PY" prefill "unix:$sock" ex-agent 8 || st=1
+        wait $server || st=1
+        cat "$log"
+        [[ $(grep -c "in place" "$log") == 8 ]] || { echo "FAIL: kv_agent: 8 requests in place"; st=1; }
+    fi
     kill $redis
     rm -f "$log" "$sock"
 else
