@@ -154,6 +154,16 @@ typedef struct mw_ctx_stats {
 /** mw_ctx_stats() - copy the context's counters into @out. */
 MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
 
+/** mw_ctx_metrics() - the context's counters, and those of its established
+ *  connections (labelled local, remote, device, path), in Prometheus's
+ *  text exposition format (0.0.4): counters end in _total, every family
+ *  has its HELP and TYPE.  Written into @buf, at most @cap bytes,
+ *  NUL-terminated when @cap > 0 (a text cut short ends mid-line: call
+ *  again with room for it all).  A scrape handler's call, from the loop's
+ *  thread.  Return: the whole text's length (as snprintf), -EINVAL (NULL
+ *  @ctx, or NULL @buf with @cap). */
+MW_EXTERN long mw_ctx_metrics(mw_ctx_t *ctx, char *buf, size_t cap);
+
 /*
  * Loops other than libevent (epoll, libuv, glib, asyncio...).  A context
  * that owns its base (created with base NULL) offers one descriptor that

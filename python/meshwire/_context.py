@@ -272,6 +272,15 @@ class Context:
         out["loop_wakeups"] = self._wakeups
         return out
 
+    def metrics(self) -> str:
+        """The context's counters and its connections' in Prometheus's text
+        exposition format (mw_ctx_metrics): what a /metrics handler serves."""
+        ctx = self._live()
+        n = check(lib.mw_ctx_metrics(ctx, ffi.NULL, 0), "mw_ctx_metrics")
+        buf = ffi.new(T.chars, n + 1)
+        check(lib.mw_ctx_metrics(ctx, buf, n + 1), "mw_ctx_metrics")
+        return ffi.string(buf).decode(errors="replace")
+
     # --- the end ----------------------------------------------------------
 
     def close(self) -> None:

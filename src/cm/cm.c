@@ -225,7 +225,8 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
     ctx->layers[MW__LAYER_CM] =
         (struct mw__layer){.state = cm, .teardown = cm_teardown,
-                           .device_event = cm_device_event, .device_ready = cm_device_ready};
+                           .device_event = cm_device_event, .device_ready = cm_device_ready,
+                           .metrics = mw__cm_metrics};
     return cm;
 }
 

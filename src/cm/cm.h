@@ -342,6 +342,9 @@ int mw__conn_opts_check(const mw_conn_opts_t *o);
 /* mw__conn_set_state() - move @c to @s; a move the life cycle does not
  * allow is an internal error (an assert in debug builds, a log line else). */
 void mw__conn_set_state(struct mw__conn *c, enum mw__conn_state s);
+/* metrics.c: the connections' families of mw_ctx_metrics (a layer hook). */
+struct mw__metrics;
+void mw__cm_metrics(mw_ctx_t *ctx, void *state, struct mw__metrics *m);
 /* mw__conn_hand_over() - the caller holds @c from now on. */
 void mw__conn_hand_over(struct mw__conn *c);
 /* device, QP, buffers, receives; on failure @why says what ran out.

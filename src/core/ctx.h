@@ -28,6 +28,7 @@ struct mw__task {
 
 struct mw__dev;
 struct ibv_async_event;
+struct mw__metrics;
 
 /* Layers above core keep their per-context state here, in a slot of their
  * own (the lowest layer has the lowest slot), and are torn down first,
@@ -71,6 +72,9 @@ struct mw__layer {
      * layer lets go of what it holds on them (registrations), highest slot
      * first.  Optional. */
     void (*release)(mw_ctx_t *ctx, void *state);
+    /* mw_ctx_metrics(): write the layer's families (core/metrics.h).
+     * Optional. */
+    void (*metrics)(mw_ctx_t *ctx, void *state, struct mw__metrics *m);
 };
 
 struct mw_ctx {
