@@ -23,8 +23,10 @@ from ._conn import Connection, Listener, Remote
 from ._context import Context
 from ._dir import Directory, Entry, Peer
 from ._lib import ffi, lib
+from ._metrics import Collector
 from ._rails import Rails
 
 __version__ = ffi.string(lib.mw_version()).decode()
 __all__ = ["Context", "Connection", "Listener", "Remote", "Batch", "Rails", "Directory",
-           "Entry", "Peer", "Agent", "RemoteAgent", "Xfer", "Communicator", "DTYPES", "OPS"]
+           "Entry", "Peer", "Agent", "RemoteAgent", "Xfer", "Collector", "Communicator",
+           "DTYPES", "OPS"]

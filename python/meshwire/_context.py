@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -274,7 +275,11 @@ class Context:
 
     def metrics(self) -> str:
         """The context's counters and its connections' in Prometheus's text
-        exposition format (mw_ctx_metrics): what a /metrics handler serves."""
+        exposition format (mw_ctx_metrics): what a /metrics handler serves.
+        From the loop's thread (meshwire.Collector reads it from others)."""
+        if threading.get_ident() != self._reaper._thread:
+            raise RuntimeError("Context.metrics() is the loop thread's: use meshwire.Collector "
+                               "from other threads")
         ctx = self._live()
         n = check(lib.mw_ctx_metrics(ctx, ffi.NULL, 0), "mw_ctx_metrics")
         buf = ffi.new(T.chars, n + 1)

@@ -901,3 +901,26 @@ async def test_agents_move_kv_blocks_with_notes_after_their_data(transport, redi
             await decode.close()
             assert [n async for n in notes] == []
             assert await d.list(f"{job}/") == []
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_metrics_name_each_connection(transport):
+    """Established connections' counters in the text format, labelled by
+    addresses, device and path, moving with what they carry; the format
+    passes prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+    async with meshwire.Context() as ctx:
+        listener, c, s = await pair(ctx, transport=transport)
+        async with listener, c, s:
+            for _ in range(3):
+                await c.send(b"x" * 1000)
+                (await s.recv()).release()
+            families = {f.name: f for f in text_string_to_metric_families(ctx.metrics())}
+            up = {smp.labels["path"]: smp.value for smp in families["meshwire_connections"].samples}
+            assert up[path_of(transport)] == 2                      # both ends, in this process
+            sent = [smp for smp in families["meshwire_conn_bytes_sent"].samples
+                    if smp.name.endswith("_total")]
+            mine = [smp for smp in sent if smp.labels["local"] == c.stats()["local"]]
+            assert len(mine) == 1 and mine[0].value == 3000
+            assert mine[0].labels["remote"] == c.stats()["remote"]
+            assert mine[0].labels["path"] == path_of(transport)

@@ -481,3 +481,30 @@ def test_an_agents_notes_wait_for_their_data():
     box.note(0, b"y")
     box.immediate(0)                      # 0 follows 2**32 - 1: x failed
     assert shown[-1] == b"y" and not box._held
+
+
+async def test_metrics_for_prometheus_from_the_loop_and_from_its_thread():
+    """Context.metrics() is the text format; meshwire.Collector serves it
+    to prometheus_client on the loop's thread and from the client's own
+    HTTP thread (asking the loop); off the loop, metrics() refuses; a
+    closed context's collector yields nothing."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    async with meshwire.Context() as ctx:
+        f = lib.mw_future_new(ctx._ctx)
+        text = ctx.metrics()
+        families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+        assert families["meshwire_futures_live"].type == "gauge"
+        assert families["meshwire_futures_created"].type == "counter"
+        assert families["meshwire_futures_live"].samples[0].value >= 1
+        registry = prometheus_client.CollectorRegistry()
+        registry.register(meshwire.Collector(ctx))
+        on_loop = prometheus_client.generate_latest(registry).decode()
+        off_loop = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: prometheus_client.generate_latest(registry).decode())
+        for scraped in (on_loop, off_loop):
+            assert "meshwire_futures_created_total" in scraped
+        with pytest.raises(RuntimeError, match="loop thread"):
+            await asyncio.get_running_loop().run_in_executor(None, ctx.metrics)
+        lib.mw_future_unref(f)
+    assert prometheus_client.generate_latest(registry).decode() == ""
