@@ -72,3 +72,18 @@ def redis_url(tmp_path_factory):
     finally:
         p.terminate()
         p.wait()
+
+
+@pytest.fixture(scope="session")
+def promtool():
+    """Debian's promtool (scripts/setup unpacks it into deps/prometheus):
+    a callable checking a metrics text, returning promtool's complaints."""
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "deps", "prometheus", "promtool")
+    if not os.access(tool, os.X_OK):
+        pytest.fail(f"{tool} missing: scripts/setup (scripts/promtool) puts it there")
+
+    def check(text):
+        r = subprocess.run([tool, "check", "metrics"], input=text.encode(),
+                           capture_output=True, timeout=60)
+        return r.returncode, (r.stdout + r.stderr).decode()
+    return check

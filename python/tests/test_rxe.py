@@ -904,7 +904,7 @@ async def test_agents_move_kv_blocks_with_notes_after_their_data(transport, redi
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_metrics_name_each_connection(transport):
+async def test_metrics_name_each_connection(transport, promtool):
     """Established connections' counters in the text format, labelled by
     addresses, device and path, moving with what they carry; the format
     passes prometheus_client's parser."""
@@ -915,7 +915,9 @@ async def test_metrics_name_each_connection(transport):
             for _ in range(3):
                 await c.send(b"x" * 1000)
                 (await s.recv()).release()
-            families = {f.name: f for f in text_string_to_metric_families(ctx.metrics())}
+            text = ctx.metrics()
+            assert promtool(text) == (0, ""), "promtool check metrics"
+            families = {f.name: f for f in text_string_to_metric_families(text)}
             up = {smp.labels["path"]: smp.value for smp in families["meshwire_connections"].samples}
             assert up[path_of(transport)] == 2                      # both ends, in this process
             sent = [smp for smp in families["meshwire_conn_bytes_sent"].samples

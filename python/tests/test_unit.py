@@ -483,7 +483,7 @@ def test_an_agents_notes_wait_for_their_data():
     assert shown[-1] == b"y" and not box._held
 
 
-async def test_metrics_for_prometheus_from_the_loop_and_from_its_thread():
+async def test_metrics_for_prometheus_from_the_loop_and_from_its_thread(promtool):
     """Context.metrics() is the text format; meshwire.Collector serves it
     to prometheus_client on the loop's thread and from the client's own
     HTTP thread (asking the loop); off the loop, metrics() refuses; a
@@ -493,6 +493,7 @@ async def test_metrics_for_prometheus_from_the_loop_and_from_its_thread():
     async with meshwire.Context() as ctx:
         f = lib.mw_future_new(ctx._ctx)
         text = ctx.metrics()
+        assert promtool(text) == (0, ""), "promtool check metrics"
         families = {fam.name: fam for fam in text_string_to_metric_families(text)}
         assert families["meshwire_futures_live"].type == "gauge"
         assert families["meshwire_futures_created"].type == "counter"
