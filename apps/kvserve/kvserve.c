@@ -7,8 +7,9 @@
  *   kvserve backend ADDR[:PORT] [BLOCKS [BLOCK_SIZE]]
  *       export BLOCKS blocks (default 1024 of 65536 bytes) to every front end
  *   kvserve front BACKEND[:PORT] HTTP_PORT [--no-rdma]
- *       serve them over HTTP on 127.0.0.1:HTTP_PORT; --no-rdma answers from
- *       a local copy instead (the same server without the RDMA work)
+ *       serve them over HTTP on 127.0.0.1:HTTP_PORT (and GET /metrics:
+ *       meshwire's counters and its own, for Prometheus); --no-rdma answers
+ *       from a local copy instead (the same server without the RDMA work)
  *
  * Byte j of block k is (k * 131 + j) & 0xff on both sides, so any client can
  * check what it gets.  Uses only the public meshwire API. */
@@ -219,10 +220,42 @@ static bool parse_block(const struct front *fe, const char *uri, uint32_t *k)
     return true;
 }
 
+/* GET /metrics: meshwire's counters and the front end's own, in
+ * Prometheus's text format. */
+static void serve_metrics(struct front *fe, struct evhttp_request *req)
+{
+    long n = mw_ctx_metrics(fe->ctx, NULL, 0);
+    struct evbuffer *out = evbuffer_new();
+    struct evbuffer_iovec v;
+    if (n < 0 || !out || evbuffer_reserve_space(out, n + 1, &v, 1) < 1) {
+        evhttp_send_error(req, 503, "out of memory");
+        if (out)
+            evbuffer_free(out);
+        return;
+    }
+    v.iov_len = (size_t)mw_ctx_metrics(fe->ctx, v.iov_base, (size_t)n + 1);
+    evbuffer_commit_space(out, &v, 1);
+    evbuffer_add_printf(out,
+                        "# HELP kvserve_requests_total Block requests answered, by result.\n"
+                        "# TYPE kvserve_requests_total counter\n"
+                        "kvserve_requests_total{result=\"served\"} %lu\n"
+                        "kvserve_requests_total{result=\"failed\"} %lu\n",
+                        fe->served, fe->failed);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "text/plain; version=0.0.4");
+    evhttp_send_reply(req, 200, "OK", out);
+    evbuffer_free(out);
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct front *fe = arg;
     uint32_t k;
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_GET &&
+        !strcmp(evhttp_request_get_uri(req), "/metrics")) {
+        serve_metrics(fe, req);
+        return;
+    }
     if (evhttp_request_get_command(req) != EVHTTP_REQ_GET ||
         !parse_block(fe, evhttp_request_get_uri(req), &k)) {
         evhttp_send_error(req, 404, "GET /block/K, K < the number of blocks");

@@ -3,11 +3,13 @@
 # for blocks a back end exports, each served by a one-sided RDMA read in the
 # same event loop; every body is checked byte for byte, bad requests get
 # 404, and both processes stop cleanly on SIGTERM.
-#   kvserve.sh KVSERVE      (run by meson in the rxe suite)
+# GET /metrics passes promtool's check and counts what was served.
+#   kvserve.sh KVSERVE PROMTOOL     (run by meson in the rxe suite)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
 need_rdma
 KV=$(realpath "$1")
+PROMTOOL=${2:?kvserve.sh KVSERVE PROMTOOL}
 IFS=, read -ra A <<<"${MW_ADDRS:?}"
 port=$((7700 + RANDOM % 500)) http=$((18000 + RANDOM % 1000))
 log=$(mktemp)
@@ -19,9 +21,9 @@ done
 rm -f "$log"
 "$KV" front "${A[-1]}:$port" "$http" & front=$!
 trap 'kill $back $front 2>/dev/null' EXIT
-python3 - "$http" <<'PY'
-import sys, threading, http.client, random, time
-port = int(sys.argv[1])
+python3 - "$http" "$PROMTOOL" <<'PY'
+import re, subprocess, sys, threading, http.client, random, time
+port, promtool = int(sys.argv[1]), sys.argv[2]
 for _ in range(100):                       # the front end may still be starting
     try:
         http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/")
@@ -49,9 +51,19 @@ took = time.time() - t0
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
 c.request("GET", "/block/256"); r = c.getresponse(); r.read()
 if r.status != 404: bad.append(("out of range", r.status))
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+c.request("GET", "/metrics"); r = c.getresponse(); text = r.read().decode()
+check = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True)
+if r.status != 200 or check.returncode or check.stdout or check.stderr:
+    bad.append(("/metrics", r.status, (check.stdout + check.stderr).decode()[:300]))
+served = re.search(r'^kvserve_requests_total\{result="served"\} (\d+)$', text, re.M)
+rdma = re.search(r'^meshwire_conn_rdma_bytes_total\{.*\} (\d+)$', text, re.M)
+if not served or int(served.group(1)) < 256 or not rdma or int(rdma.group(1)) < 256 * 65536:
+    bad.append(("/metrics counts", served and served.group(0), rdma and rdma.group(0)))
 if bad:
     print("FAIL:", len(bad), "bad answers, e.g.", bad[:5]); sys.exit(1)
-print("256 concurrent requests answered correctly in %.2f s; /block/256 -> 404" % took)
+print("256 concurrent requests answered correctly in %.2f s; /block/256 -> 404; "
+      "/metrics passes promtool" % took)
 PY
 rc=$?
 kill -TERM $front $back
