@@ -193,6 +193,14 @@ class Agent:
             if self._connecting.get(name) is not None and self._connecting[name].done():
                 self._connecting.pop(name, None)
 
+    def forget(self, name: str) -> None:
+        """Drop peer @name (it left the directory): its connection is
+        aborted, transfers on it fail, and a later connect() makes a new one
+        (to the process published under that name then)."""
+        remote = self._peers.pop(name, None)
+        if remote is not None:
+            remote.conn.abort()
+
     async def _connect(self, name: str) -> RemoteAgent:
         peer = await self._d.connect(name, **self._conn_opts)
         try:
