@@ -7,68 +7,146 @@ Workers find the prefill and it finds them through the directory; one may
 leave (SIGTERM: it finishes what it holds) and come back while requests
 keep being served.
 
-    disagg.py prefill DIRECTORY JOB HTTP_PORT
-        POST /generate {"prompt": "...", "tokens": N} -> {"rid", "tokens", "worker"}
+    disagg.py prefill DIRECTORY JOB HTTP_PORT     (0: a free port, printed)
+        POST /generate {"prompt": "...", "tokens": N, "via": VIA}
+             -> {"rid", "tokens", "worker", "timing": {...}}
+           VIA: "meshwire" (default: the blocks written into the worker's
+           pool), "http" (the same blocks POSTed to the worker's aiohttp
+           server), "recompute" (the worker runs the prefill itself).
+           "tokens": 0 moves the KV and generates nothing (for measuring
+           the transfer alone).
         GET /metrics   meshwire's counters and the server's, for Prometheus
+        POST /move {"via", "requests", "len"}: that many transfers of "len"
+             blocks, no model run: each side's CPU seconds (the bench's)
     disagg.py decode DIRECTORY JOB ID [SLOTS]
     disagg.py reference PROMPT N      one process: what every answer must equal
 
-DIRECTORY is the store's URL ("redis://HOST" or "unix:PATH")."""
+DIRECTORY is the store's URL ("redis://HOST" or "unix:PATH").  The model's
+size comes from DISAGG_MODEL="LAYERS,HEADS,HEAD_DIM" (default 2,4,16).
+Connections take MW_TRANSPORT like every meshwire program."""
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import os
 import signal
 import sys
+import time
 from typing import Dict, List, Optional
 
 import torch
+from aiohttp import ClientSession, web
 
 import meshwire
 from model import Config, Model
 
 SLOTS = 4096                 # blocks in a decode worker's pool
+STAGING = 16                 # prefill's registered caches: requests not yet answered
+
+
+def config() -> Config:
+    layers, heads, head_dim = map(int, os.environ.get("DISAGG_MODEL", "2,4,16").split(","))
+    return Config(layers=layers, heads=heads, head_dim=head_dim)
+
+
+def cpu_seconds() -> float:
+    return time.process_time()
+
+
+async def serve_http(app: web.Application, port: int = 0) -> tuple:
+    """@app on 127.0.0.1:@port (0: a free one): (runner, port)."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
 
 
 # --- decode ---------------------------------------------------------------------
 
+class Decode:
+    """A decode worker: a KV pool shared as "kv", requests taken from
+    notes (the blocks already in the pool, or the prompt to recompute) and
+    from its HTTP server (the blocks in the body)."""
+
+    def __init__(self, agent: meshwire.Agent, model: Model, pool: torch.Tensor, wid: str):
+        self.agent, self.model, self.pool, self.wid = agent, model, pool, wid
+        self.running: set = set()
+
+    def start(self, req: dict, fill) -> None:
+        t = asyncio.ensure_future(self.serve(req, fill))
+        self.running.add(t)
+        t.add_done_callback(self.running.discard)
+
+    async def serve(self, req: dict, fill) -> None:
+        """@fill puts the prompt's blocks into a fresh cache."""
+        n = req["len"]
+        cache = self.model.new_cache(self.model.cfg.max_tokens)
+        first = fill(cache) if req["tokens"] else 0  # (0 tokens: the transfer alone)
+        ready = time.monotonic()                      # KV in place, first token known
+        tokens = self.model.decode(cache, n, first, req["tokens"]) if req["tokens"] else []
+        back = await self.agent.connect(req["reply"])
+        await self.agent.send_notif(back, json.dumps(
+            {"rid": req["rid"], "tokens": tokens, "worker": self.wid,
+             "ready": ready, "cpu": cpu_seconds()}).encode())
+
+    def from_note(self, note: bytes) -> None:
+        req = json.loads(note)
+        if "slots" in req:                                  # written into our pool
+            def fill(cache: torch.Tensor) -> int:
+                cache[:req["len"]] = self.pool[req["slots"]]
+                return req["first"]
+        else:                                               # recompute the prefill
+            def fill(cache: torch.Tensor) -> int:
+                return self.model.prefill(req["prompt"], cache)[0]
+        self.start(req, fill)
+
+    async def from_http(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        hlen = int.from_bytes(body[:4], "little")
+        req = json.loads(body[4:4 + hlen])
+        blocks = torch.frombuffer(bytearray(body[4 + hlen:]), dtype=torch.float32)
+        blocks = blocks.view(req["len"], self.model.cfg.block)
+
+        def fill(cache: torch.Tensor) -> int:
+            cache[:req["len"]] = blocks
+            return req["first"]
+        self.start(req, fill)
+        return web.Response(text="taken")
+
+
 async def decode(url: str, job: str, wid: str, slots: int) -> int:
-    model = Model(Config())
+    model = Model(config())
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with meshwire.Context() as ctx, await ctx.directory(url) as d:
         pool = ctx.tensor((slots, model.cfg.block), torch.float32)
-        agent = d.agent(f"{job}/decode/{wid}")
+        app = web.Application(client_max_size=1 << 30)
+        worker: List[Decode] = []                       # (the port goes into the agent's tag)
+        app.router.add_post("/kv", lambda request: worker[0].from_http(request))
+        runner, port = await serve_http(app)
+        agent = d.agent(f"{job}/decode/{wid}", tag=f"http={port}")
         agent.register("kv", pool)
+        w = Decode(agent, model, pool, wid)
+        worker.append(w)
         async with await agent.start():
-            print(f"decode {wid}: serving {slots} slots", flush=True)
-            running: set = set()
-
-            async def serve(peer: str, note: bytes) -> None:
-                req = json.loads(note)
-                n = req["len"]
-                cache = model.new_cache(model.cfg.max_tokens)
-                cache[:n] = pool[req["slots"]]              # the transferred blocks
-                tokens = model.decode(cache, n, req["first"], req["tokens"])
-                back = await agent.connect(req["reply"])
-                await agent.send_notif(back, json.dumps(
-                    {"rid": req["rid"], "tokens": tokens, "worker": wid}).encode())
+            print(f"decode {wid}: serving {slots} slots, http {port}", flush=True)
 
             async def take() -> None:
-                async for peer, note in agent.notifications():
-                    t = asyncio.ensure_future(serve(peer, note))
-                    running.add(t)
-                    t.add_done_callback(running.discard)
+                async for _, note in agent.notifications():
+                    w.from_note(note)
             taker = asyncio.ensure_future(take())
             await stop.wait()
             # leaving: out of the directory first (no new work), then finish
+            # what was taken; prefill sends elsewhere what we never answer
             await d.unpublish(agent.name)
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.sleep(0.2)                   # notes already on their way
+            while w.running:
+                await asyncio.gather(*w.running, return_exceptions=True)
             taker.cancel()
-            print(f"decode {wid}: left", flush=True)
+        await runner.cleanup()
+        print(f"decode {wid}: left", flush=True)
     return 0
 
 
@@ -78,21 +156,29 @@ class Worker:
     """A decode worker as prefill sees it: its agent, its pool's free slots
     (prefill is the pool's only writer; an answer frees a request's)."""
 
-    def __init__(self, name: str, peer: meshwire.RemoteAgent, slots: int):
-        self.name, self.peer = name, peer
+    def __init__(self, name: str, peer: meshwire.RemoteAgent, slots: int, http: str):
+        self.name, self.peer, self.http = name, peer, http
         self.free = list(range(slots))
         self.pending: Dict[int, dict] = {}   # rid -> request, sent to it
 
 
 class Prefill:
-    def __init__(self, agent: meshwire.Agent, job: str, block: int):
-        self.agent, self.job, self.block = agent, job, block
-        self.model = Model(Config())
+    def __init__(self, ctx: meshwire.Context, agent: meshwire.Agent, job: str):
+        self.agent, self.job = agent, job
+        self.model = Model(config())
+        self.block = self.model.cfg.block
+        # the caches prefill computes into: registered once, reused
+        self.staging = ctx.tensor((STAGING, self.model.cfg.max_tokens, self.block),
+                                  torch.float32)
+        self.free_staging: asyncio.Queue = asyncio.Queue()
+        for i in range(STAGING):
+            self.free_staging.put_nowait(i)
         self.workers: Dict[str, Worker] = {}
         self.rids = itertools.count(1)
         self.answers: Dict[int, asyncio.Future] = {}
         self.order = itertools.count()
         self.served = self.redispatched = 0
+        self.http: Optional[ClientSession] = None
 
     async def follow_workers(self, d: meshwire.Directory) -> None:
         async for event, entry in d.watch(f"{self.job}/decode/"):
@@ -103,23 +189,26 @@ class Prefill:
                     print(f"prefill: {entry.name}: {e}", flush=True)
                     continue
                 slots = entry.regions.get("kv", 0) // (self.block * 4)
-                self.workers[entry.name] = Worker(entry.name, peer, slots)
+                http = f"http://127.0.0.1:{entry.tag.split('=')[1]}/kv"
+                self.workers[entry.name] = Worker(entry.name, peer, slots, http)
                 print(f"prefill: worker {entry.name} joined ({slots} slots)", flush=True)
             elif event == "left" and entry.name in self.workers:
                 w = self.workers.pop(entry.name)
-                print(f"prefill: worker {entry.name} left, {len(w.pending)} pending", flush=True)
+                print(f"prefill: worker {entry.name} left, {len(w.pending)} pending",
+                      flush=True)
                 self.agent.forget(entry.name)
                 for req in w.pending.values():   # its answers may never come
-                    self.redispatched += 1
-                    asyncio.ensure_future(self.dispatch(req))
+                    if req.get("sent_to") is w:  # (one still being sent: dispatch sees to it)
+                        self.redispatched += 1
+                        asyncio.ensure_future(self.dispatch(req))
 
-    async def answers_loop(self) -> None:
-        async for peer, note in self.agent.notifications():
+    async def take_answers(self) -> None:
+        async for _, note in self.agent.notifications():
             ans = json.loads(note)
             for w in self.workers.values():
                 req = w.pending.pop(ans["rid"], None)
                 if req is not None:
-                    w.free.extend(req["slots"])
+                    w.free.extend(req.get("slots", ()))
             f = self.answers.get(ans["rid"])
             if f is not None and not f.done():   # a redispatched one's late twin: dropped
                 f.set_result(ans)
@@ -129,59 +218,128 @@ class Prefill:
         return live[next(self.order) % len(live)] if live else None
 
     async def dispatch(self, req: dict) -> None:
+        """Send @req to a worker (another one if the first goes away) and
+        record how long moving its KV took."""
         while True:
             w = self.pick(req["len"])
             if w is None:
                 await asyncio.sleep(0.05)       # no worker with room: wait for one
                 continue
-            slots = [w.free.pop() for _ in range(req["len"])]
-            note = dict(req, slots=slots, reply=self.agent.name)
-            note.pop("cache", None)
-            w.pending[req["rid"]] = dict(req, slots=slots)
-            blocks = list(req["cache"][:req["len"]])
+            w.pending[req["rid"]] = req
+            note = {k: req[k] for k in ("rid", "len", "first", "tokens")}
+            note["reply"] = self.agent.name
+            t0 = time.monotonic()
+            req["sent_to"] = None
             try:
-                with self.agent.prepare(w.peer, blocks,
-                                        [("kv", s * self.block * 4) for s in slots]) as x:
-                    await self.agent.transfer(x, json.dumps(note).encode())
-                return
+                await self.send(w, req, note)
             except OSError as e:                # it went away under us: another one
                 w.pending.pop(req["rid"], None)
+                w.free.extend(req.pop("slots", ()))
                 print(f"prefill: {w.name}: {e}; sending request {req['rid']} elsewhere",
                       flush=True)
                 self.redispatched += 1
+                continue
+            req["transfer_s"] = time.monotonic() - t0
+            req["sent_to"] = w
+            if self.workers.get(w.name) is w:
+                return
+            # it left while we sent: it may answer, but nothing says it will
+            print(f"prefill: {w.name} left as request {req['rid']} reached it; "
+                  "sending it elsewhere too", flush=True)
+            self.redispatched += 1
 
-    async def generate(self, prompt: List[int], tokens: int) -> dict:
+    async def send(self, w: Worker, req: dict, note: dict) -> None:
+        n, via = req["len"], req["via"]
+        if via == "recompute":
+            note["prompt"] = req["prompt"]
+            await self.agent.send_notif(w.peer, json.dumps(note).encode())
+            return
+        blocks = self.staging[req["staging"]][:n]
+        if via == "http":
+            head = json.dumps(note).encode()
+            body = [len(head).to_bytes(4, "little"), head, blocks.numpy().tobytes()]
+            async with self.http.post(w.http, data=b"".join(body)) as r:
+                if r.status != 200:
+                    raise ConnectionError(f"{w.http}: HTTP {r.status}")
+            return
+        slots = [w.free.pop() for _ in range(n)]
+        req["slots"] = note["slots"] = slots
+        with self.agent.prepare(w.peer, list(blocks),
+                                [("kv", s * self.block * 4) for s in slots]) as x:
+            await self.agent.transfer(x, json.dumps(note).encode())
+
+    async def move(self, via: str, requests: int, length: int) -> dict:
+        """@requests transfers of @length blocks each (4 at a time) with no
+        model run on either side: each side's CPU seconds for them."""
+        base = await self.generate([0] * length, 0, via)     # the decode side's CPU now
+        cpu0, t0 = cpu_seconds(), time.monotonic()
+        sem = asyncio.Semaphore(4)
+
+        async def one() -> dict:
+            async with sem:
+                return await self.generate([0] * length, 0, via)
+        answers = await asyncio.gather(*(one() for _ in range(requests)))
+        return {"bytes": requests * length * self.block * 4,
+                "wall_s": time.monotonic() - t0,
+                "prefill_cpu_s": cpu_seconds() - cpu0,
+                "decode_cpu_s": max(a["cpu"] for a in answers) - base["cpu"]}
+
+    async def generate(self, prompt: List[int], tokens: int, via: str) -> dict:
         rid = next(self.rids)
-        first, cache = self.model.prefill(prompt)
+        t0 = time.monotonic()
+        req = {"rid": rid, "len": len(prompt), "tokens": tokens, "via": via,
+               "prompt": prompt}
         self.answers[rid] = asyncio.get_running_loop().create_future()
+        staging = None
         try:
-            await self.dispatch({"rid": rid, "len": len(prompt), "first": first,
-                                 "tokens": tokens, "cache": cache})
-            ans = await self.answers[rid]
+            if via == "recompute":
+                req["first"] = None
+            else:
+                staging = req["staging"] = await self.free_staging.get()
+                req["first"] = (self.model.prefill(prompt, self.staging[staging])[0]
+                                if tokens else 0)
+            prefilled = time.monotonic()
+            await self.dispatch(req)
+            ans = await self.answers[rid]         # (the blocks kept until then: a
+                                                  # worker that leaves gets them again)
         finally:
             del self.answers[rid]
+            if staging is not None:
+                self.free_staging.put_nowait(staging)
         self.served += 1
+        ans["timing"] = {"prefill_s": prefilled - t0, "transfer_s": req["transfer_s"],
+                         "ttft_s": ans.pop("ready") - t0, "total_s": time.monotonic() - t0,
+                         "kv_bytes": len(prompt) * self.block * 4 if via != "recompute" else 0}
         return ans
 
 
 async def prefill(url: str, job: str, http_port: int) -> int:
-    from aiohttp import web
     import prometheus_client
-    async with meshwire.Context() as ctx, await ctx.directory(url) as d:
+    cfg = config()
+    async with meshwire.Context() as ctx, await ctx.directory(url) as d, \
+            ClientSession() as http:
         async with await d.agent(f"{job}/prefill/0").start() as agent:
-            p = Prefill(agent, job, Config().block)
+            p = Prefill(ctx, agent, job)
+            p.http = http
             tasks = [asyncio.ensure_future(p.follow_workers(d)),
-                     asyncio.ensure_future(p.answers_loop())]
+                     asyncio.ensure_future(p.take_answers())]
             registry = prometheus_client.CollectorRegistry()
             registry.register(meshwire.Collector(ctx))
 
             async def generate(request: web.Request) -> web.Response:
-                body = await request.json()
-                prompt = list(body["prompt"].encode())
-                if not 0 < len(prompt) < Config().max_tokens - body["tokens"]:
-                    return web.json_response({"error": "prompt too long"}, status=400)
-                ans = await p.generate(prompt, body["tokens"])
-                return web.json_response(ans)
+                try:
+                    body = await request.json()
+                    prompt, tokens = list(body["prompt"].encode()), int(body["tokens"])
+                    via = body.get("via", "meshwire")
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    return web.json_response({"error": f"bad request: {e}"}, status=400)
+                if via not in ("meshwire", "http", "recompute"):
+                    return web.json_response({"error": f"unknown via {via!r}"}, status=400)
+                if not (0 < len(prompt) and 0 <= tokens and
+                        len(prompt) + tokens <= cfg.max_tokens):
+                    return web.json_response(
+                        {"error": f"prompt and tokens must fit {cfg.max_tokens}"}, status=400)
+                return web.json_response(await p.generate(prompt, tokens, via))
 
             async def metrics(request: web.Request) -> web.Response:
                 text = prometheus_client.generate_latest(registry).decode()
@@ -193,13 +351,19 @@ async def prefill(url: str, job: str, http_port: int) -> int:
                          f"disagg_redispatched_total {p.redispatched}\n")
                 return web.Response(text=text, content_type="text/plain")
 
+            async def move(request: web.Request) -> web.Response:
+                body = await request.json()
+                if body.get("via") not in ("meshwire", "http"):
+                    return web.json_response({"error": "via: meshwire or http"}, status=400)
+                return web.json_response(await p.move(body["via"], int(body["requests"]),
+                                                      int(body["len"])))
+
             app = web.Application()
             app.router.add_post("/generate", generate)
             app.router.add_get("/metrics", metrics)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", http_port).start()
-            print(f"prefill: http://127.0.0.1:{http_port}", flush=True)
+            app.router.add_post("/move", move)
+            runner, port = await serve_http(app, http_port)
+            print(f"prefill: http://127.0.0.1:{port}", flush=True)
             stop = asyncio.Event()
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
             await stop.wait()
@@ -217,7 +381,7 @@ def main() -> int:
     if args[:1] == ["prefill"] and len(args) == 4:
         return asyncio.run(prefill(args[1], args[2], int(args[3])))
     if args[:1] == ["reference"] and len(args) == 3:
-        print(json.dumps(Model(Config()).generate(list(args[1].encode()), int(args[2]))))
+        print(json.dumps(Model(config()).generate(list(args[1].encode()), int(args[2]))))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -98,8 +98,9 @@ class Agent:
     agent.notifications()`` takes what peers announced.  ``async with``
     closes it: its name leaves the directory, its connections close."""
 
-    def __init__(self, d: Directory, name: str, listen: str, conn_opts: Dict[str, Any]):
-        self._d, self.name = d, name
+    def __init__(self, d: Directory, name: str, listen: str, tag: Optional[str],
+                 conn_opts: Dict[str, Any]):
+        self._d, self.name, self._tag = d, name, tag
         self._ctx = d._ctx
         self._listen, self._conn_opts = listen, conn_opts
         self._shares: Dict[str, Any] = {}
@@ -126,7 +127,7 @@ class Agent:
 
     async def start(self) -> "Agent":
         """Listen, and publish the name with the regions."""
-        self._pub = await self._d.publish(self.name, listen=self._listen,
+        self._pub = await self._d.publish(self.name, listen=self._listen, tag=self._tag,
                                           shares=self._shares, on_accept=self._take_imms,
                                           **self._conn_opts)
         self._spawn(self._accept_all(self._pub))

@@ -264,8 +264,10 @@ class Directory:
         return publication
 
     async def unpublish(self, name: str) -> None:
-        """Remove @name from the store now (its listener closes; the
-        connections it accepted stay)."""
+        """Remove @name from the store now.  Its listener closes; the
+        connections it accepted stay, and shares from Context.alloc stay
+        exported on them, but other shares are registered no more: a peer's
+        access to them fails (over RDMA, its connection with it)."""
         f = lib.mw_dir_unpublish(self._live(), name.encode())
         pub = self._pubs.pop(name, None)
         try:
@@ -319,11 +321,12 @@ class Directory:
             convert=lambda v: Communicator(self._ctx, ffi.cast(T.comm_p, v)),
             orphan=lambda comm: comm.free())
 
-    def agent(self, name: str, listen: str = "*:0", **conn_opts: Any) -> Any:
-        """A transfer agent named @name here (see meshwire.Agent): register
-        its regions, then ``await agent.start()``."""
+    def agent(self, name: str, listen: str = "*:0", tag: Optional[str] = None,
+              **conn_opts: Any) -> Any:
+        """A transfer agent named @name here (see meshwire.Agent), published
+        with @tag: register its regions, then ``await agent.start()``."""
         from ._agent import Agent
-        return Agent(self, name, listen, conn_opts)
+        return Agent(self, name, listen, tag, conn_opts)
 
     def close(self) -> None:
         """Remove this directory's entries (sent, not waited for), end its

@@ -715,7 +715,10 @@ async def test_connect_by_name_to_shared_regions(transport, redis_url):
     listens; a decode process connects knowing only the name and gets both
     regions by name: it reads the pool, writes the table, and posts a
     strided batch of blocks.  Unpublished, the name is gone and its
-    publication's iteration ends; the connection made stays."""
+    publication's iteration ends; the connection made stays (the pool, from
+    Context.alloc, is still read through it) but the table, registered for
+    the publication, is lent no more: a write to it fails and leaves it
+    untouched."""
     job = f"py{os.getpid()}{transport}"
     async with meshwire.Context() as ctx:
         async with await ctx.directory(redis_url) as prefill, \
@@ -730,7 +733,7 @@ async def test_connect_by_name_to_shared_regions(transport, redis_url):
             assert e.serves and e.regions == {"kv": 1 << 20, "table": 4096} and e.tag == "pool"
             peer, server = await asyncio.gather(
                 decode.connect(f"{job}/prefill/0", transport=transport), pub.__anext__())
-            async with peer.conn, server:
+            try:
                 assert peer.conn.stats()["transport"] == path_of(transport)
                 assert sorted(peer.regions) == ["kv", "table"]
                 got = ctx.alloc(1 << 20)
@@ -749,8 +752,14 @@ async def test_connect_by_name_to_shared_regions(transport, redis_url):
                 assert [c async for c in pub] == []
                 with pytest.raises(FileNotFoundError):
                     await decode.connect(f"{job}/prefill/0", transport=transport)
-                await peer.conn.write(b"z" * 16, peer.regions["table"], 64)   # stays
-                assert bytes(table[64:80]) == b"z" * 16
+                await peer.conn.read(got[:64], peer.regions["kv"], 4096)       # stays
+                assert bytes(got[:64]) == kv[4096:4096 + 64].tobytes()
+                with pytest.raises(PermissionError):
+                    await peer.conn.write(b"z" * 16, peer.regions["table"], 64)
+                assert bytes(table[64:80]) == bytes(16)
+            finally:
+                peer.conn.abort()
+                server.abort()
 
 
 async def test_a_communicator_formed_through_the_directory(redis_url):
@@ -926,3 +935,49 @@ async def test_metrics_name_each_connection(transport, promtool):
             assert len(mine) == 1 and mine[0].value == 3000
             assert mine[0].labels["remote"] == c.stats()["remote"]
             assert mine[0].labels["path"] == path_of(transport)
+
+
+async def test_metrics_follow_each_communicator(promtool):
+    """Three ranks, each its own context: each context's metrics show its
+    communicator (size, peers ready, collectives done, none queued) and
+    count what it ran; freed, it is gone from them."""
+    from prometheus_client.parser import text_string_to_metric_families
+    nranks = 3
+    base = random.randint(20000, 40000)
+    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
+    ctxs = [meshwire.Context() for _ in range(nranks)]
+    try:
+        comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
+                                       for r, ctx in enumerate(ctxs)))
+        for _ in range(5):
+            await asyncio.gather(*(c.allreduce(np.ones(1000, np.float32)) for c in comms))
+        await asyncio.gather(*(c.barrier() for c in comms))
+
+        def sample(text, family, name=None):
+            f = {f.name: f for f in text_string_to_metric_families(text)}[family]
+            got = [s for s in f.samples if s.name == (name or family)]
+            assert len(got) == 1, (family, got)
+            return got[0]
+        for r, ctx in enumerate(ctxs):
+            text = ctx.metrics()
+            assert promtool(text) == (0, ""), "promtool check metrics"
+            assert sample(text, "meshwire_communicators").value == 1
+            ranks = sample(text, "meshwire_comm_ranks")
+            assert ranks.value == nranks and ranks.labels["rank"] == str(r)
+            assert sample(text, "meshwire_comm_peers_ready").value == nranks - 1
+            assert sample(text, "meshwire_comm_collectives_queued").value == 0
+            assert sample(text, "meshwire_comm_broken").value == 0
+            assert sample(text, "meshwire_comm_collectives", "meshwire_comm_collectives_total"
+                          ).value == 6
+            assert sample(text, "meshwire_comm_collective_failures",
+                          "meshwire_comm_collective_failures_total").value == 0
+        await asyncio.sleep(0.5)          # (the last barrier's peers finish before anyone frees)
+        for c in comms:
+            c.free()
+        for ctx in ctxs:
+            families = {f.name: f for f in text_string_to_metric_families(ctx.metrics())}
+            assert families["meshwire_communicators"].samples[0].value == 0
+            assert not families["meshwire_comm_ranks"].samples
+    finally:
+        for ctx in ctxs:
+            ctx.close()

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""bench.py: apps/disagg measured, each way beside the others in one run.
+
+    bench.py [REPEATS] [CSV]
+
+A prefill process and one decode worker (disagg.py, a 4-layer model of
+512 dimensions: 16 KiB of KV per token), through a directory.  Per
+repeat, for the KV going by meshwire (one prepared transfer and a note),
+by HTTP/TCP (aiohttp POST of the same blocks) and not at all (decode
+recomputes the prefill):
+  - time to first token: the request reaching prefill to the decode worker
+    holding the KV and the first token (10 requests of a 192-token prompt);
+  - KV transfer time (3 MiB), the same requests;
+  - CPU seconds per GiB of KV moved, each side (64 transfers, no model run);
+then the idle CPU of the decode worker waiting for work (10 s).
+Rows go to CSV (metric,way,bytes,0,repeat,value: scripts/bench's
+format); medians are printed as a table."""
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("DISAGG_MODEL", "4,8,64")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import Cluster          # noqa: E402
+
+PROMPT = 192
+LATENCY_REQUESTS = 10
+MOVE_REQUESTS = 64
+WAYS = ("meshwire", "http", "recompute")
+
+
+def proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main(repeats: int, csv: str) -> int:
+    rows: list = []
+
+    def rec(metric: str, way: str, size: int, rep: int, value: float) -> None:
+        rows.append((metric, way, size, rep, value))
+        with open(csv, "a") as f:
+            f.write(f"{metric},disagg-{way},{size},0,{rep},{value:.6g}\n")
+
+    prompt = "".join(chr(97 + i % 26) for i in range(PROMPT))
+    async with Cluster(f"bench{os.getpid()}") as c:
+        await c.start_prefill()
+        worker = await c.start_decode("0")
+        for way in WAYS:                                   # warm: imports, first connection
+            await c.generate(prompt, 1, way)
+        for rep in range(1, repeats + 1):
+            print(f"disagg bench: round {rep}", file=sys.stderr)
+            for way in WAYS:
+                t = [(await c.generate(prompt, 1, way))["timing"]
+                     for _ in range(LATENCY_REQUESTS)]
+                kv = t[0]["kv_bytes"]
+                rec("disagg_ttft_ms", way, kv, rep,
+                    1e3 * statistics.median(x["ttft_s"] for x in t))
+                if way != "recompute":
+                    rec("disagg_kv_transfer_ms", way, kv, rep,
+                        1e3 * statistics.median(x["transfer_s"] for x in t))
+            for way in WAYS[:2]:
+                m = await c.move(way, MOVE_REQUESTS, PROMPT)
+                gib = m["bytes"] / (1 << 30)
+                rec("disagg_prefill_cpu_s_per_gib", way, m["bytes"], rep, m["prefill_cpu_s"] / gib)
+                rec("disagg_decode_cpu_s_per_gib", way, m["bytes"], rep, m["decode_cpu_s"] / gib)
+                rec("disagg_move_mib_s", way, m["bytes"], rep, m["bytes"] / (1 << 20) / m["wall_s"])
+        await asyncio.sleep(2)                             # settle
+        pid = worker.proc.pid
+        cpu0, t0 = proc_cpu(pid), time.monotonic()
+        await asyncio.sleep(10)
+        idle = 100 * (proc_cpu(pid) - cpu0) / (time.monotonic() - t0)
+        rec("disagg_decode_idle_cpu_pct", "meshwire", 0, 1, idle)
+        for wid in list(c.decoders):
+            await c.stop_decode(wid)
+        await c.prefill.stop()
+
+    def med(metric: str, way: str) -> str:
+        v = [r[4] for r in rows if r[0] == metric and r[1] == way]
+        return f"{statistics.median(v):.2f}" if v else "-"
+    print(f"\napps/disagg, {repeats} repeat(s), medians; a {PROMPT}-token prompt's KV: "
+          f"{rows[0][2] / (1 << 20):.1f} MiB")
+    print(f"{'':34}{'meshwire':>10}{'HTTP/TCP':>10}{'recompute':>10}")
+    for metric, label in (("disagg_ttft_ms", "time to first token, ms"),
+                          ("disagg_kv_transfer_ms", "KV transfer, ms"),
+                          ("disagg_move_mib_s", "KV moved, MiB/s (4 at a time)"),
+                          ("disagg_prefill_cpu_s_per_gib", "prefill CPU s per GiB"),
+                          ("disagg_decode_cpu_s_per_gib", "decode CPU s per GiB")):
+        print(f"{label:34}" + "".join(f"{med(metric, w):>10}" for w in WAYS))
+    print(f"{'decode worker idle, % of a core':34}{med('disagg_decode_idle_cpu_pct', 'meshwire'):>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    sys.exit(asyncio.run(main(reps, sys.argv[2] if len(sys.argv) > 2 else "/dev/null")))
