@@ -154,8 +154,9 @@ typedef struct mw_ctx_stats {
 /** mw_ctx_stats() - copy the context's counters into @out. */
 MW_EXTERN void mw_ctx_stats(const mw_ctx_t *ctx, mw_ctx_stats_t *out);
 
-/** mw_ctx_metrics() - the context's counters, and those of its established
- *  connections (labelled local, remote, device, path), in Prometheus's
+/** mw_ctx_metrics() - the context's counters, those of its established
+ *  connections (labelled local, remote, device, path) and of its
+ *  communicators (labelled comm_job: the job as hashed, hex; rank), in Prometheus's
  *  text exposition format (0.0.4): counters end in _total, every family
  *  has its HELP and TYPE.  Written into @buf, at most @cap bytes,
  *  NUL-terminated when @cap > 0 (a text cut short ends mid-line: call

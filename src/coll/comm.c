@@ -571,12 +571,19 @@ static void colls_teardown(mw_ctx_t *ctx, void *state)
     ctx->layers[MW__LAYER_COLL] = (struct mw__layer){0};
 }
 
+static void colls_metrics(mw_ctx_t *ctx, void *state, struct mw__metrics *m)
+{
+    (void)ctx;
+    mw__coll_metrics(&((struct colls *)state)->comms, m);
+}
+
 static struct colls *colls_get(mw_ctx_t *ctx)
 {
     struct colls *cl = ctx->layers[MW__LAYER_COLL].state;
     if (!cl && (cl = mw__calloc(1, sizeof *cl))) {
         mw__list_init(&cl->comms);
-        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){.state = cl, .teardown = colls_teardown};
+        ctx->layers[MW__LAYER_COLL] = (struct mw__layer){.state = cl, .teardown = colls_teardown,
+                                                         .metrics = colls_metrics};
     }
     return cl;
 }

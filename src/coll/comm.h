@@ -60,6 +60,7 @@ struct mw__comm {
                                      creation and agreed by every rank's hello */
     uint64_t job;                 /* the job's identity, agreed likewise */
     struct mw__list colls;        /* in issue order; the head executes */
+    uint64_t colls_done, colls_failed;   /* for mw_ctx_metrics() */
     struct mw__task resume;       /* advance again next turn (holds a ref) */
 };
 
@@ -87,6 +88,11 @@ void mw__comm_ref(struct mw__comm *comm);
 void mw__comm_unref(struct mw__comm *comm);
 void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* metrics.c: the communicators' families for mw_ctx_metrics(); @comms
+ * the layer's list of them. */
+struct mw__metrics;
+void mw__coll_metrics(struct mw__list *comms, struct mw__metrics *m);
 
 /* exec.c */
 void mw__coll_advance(struct mw__comm *comm);

@@ -82,6 +82,10 @@ void mw__coll_discard(struct mw__run *k)
 static void release_run(struct mw__run *k)
 {
     struct mw__comm *comm = k->comm;
+    if (k->err)
+        comm->colls_failed++;
+    else
+        comm->colls_done++;
     if (k->f && k->err)
         mw_future_fail(k->f, k->err, "%s on rank %d: %s", mw__coll_name(k->s.kind), comm->rank,
                        k->why);
