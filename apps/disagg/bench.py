@@ -3,14 +3,15 @@
 
     bench.py [REPEATS] [CSV]
 
-A prefill process and one decode worker (disagg.py, a 4-layer model of
-512 dimensions: 16 KiB of KV per token), through a directory.  Per
-repeat, for the KV going by meshwire (one prepared transfer and a note),
-by HTTP/TCP (aiohttp POST of the same blocks) and not at all (decode
-recomputes the prefill):
+A prefill process and one decode worker (disagg.py, a 16-layer model of
+64 dimensions: 8 KiB of KV per token, little compute), through a directory.  Per
+repeat, for the KV going by meshwire over RDMA (one prepared transfer and
+a note), by HTTP/TCP (aiohttp POST of the same blocks) and not at all
+(decode recomputes the prefill), then by meshwire on the same-host path
+(a second pair of processes):
   - time to first token: the request reaching prefill to the decode worker
     holding the KV and the first token (10 requests of a 192-token prompt);
-  - KV transfer time (3 MiB), the same requests;
+  - KV transfer time (1.5 MiB), the same requests;
   - CPU seconds per GiB of KV moved, each side (64 transfers, no model run);
 then the idle CPU of the decode worker waiting for work (10 s).
 Rows go to CSV (metric,way,bytes,0,repeat,value: scripts/bench's
@@ -21,7 +22,7 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("DISAGG_MODEL", "4,8,64")
+os.environ.setdefault("DISAGG_MODEL", "16,4,16")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import Cluster          # noqa: E402
 
@@ -29,6 +30,7 @@ PROMPT = 192
 LATENCY_REQUESTS = 10
 MOVE_REQUESTS = 64
 WAYS = ("meshwire", "http", "recompute")
+COLUMNS = ("rdma", "local", "http", "recompute")      # meshwire's two paths, the baselines
 
 
 def proc_cpu(pid: int) -> float:
@@ -46,51 +48,64 @@ async def main(repeats: int, csv: str) -> int:
             f.write(f"{metric},disagg-{way},{size},0,{rep},{value:.6g}\n")
 
     prompt = "".join(chr(97 + i % 26) for i in range(PROMPT))
-    async with Cluster(f"bench{os.getpid()}") as c:
-        await c.start_prefill()
-        worker = await c.start_decode("0")
-        for way in WAYS:                                   # warm: imports, first connection
-            await c.generate(prompt, 1, way)
-        for rep in range(1, repeats + 1):
-            print(f"disagg bench: round {rep}", file=sys.stderr)
-            for way in WAYS:
-                t = [(await c.generate(prompt, 1, way))["timing"]
-                     for _ in range(LATENCY_REQUESTS)]
-                kv = t[0]["kv_bytes"]
-                rec("disagg_ttft_ms", way, kv, rep,
-                    1e3 * statistics.median(x["ttft_s"] for x in t))
-                if way != "recompute":
-                    rec("disagg_kv_transfer_ms", way, kv, rep,
+
+    async def run(transport: str, ways: tuple, idle: bool) -> None:
+        """@ways (of WAYS) with the processes on @transport; columns named
+        by the path for meshwire's way."""
+        async with Cluster(f"bench{os.getpid()}{transport}",
+                           env={"MW_TRANSPORT": transport}) as c:
+            await c.start_prefill()
+            worker = await c.start_decode("0")
+            for way in ways:                               # warm: first connection, paths
+                await c.generate(prompt, 1, way)
+            for rep in range(1, repeats + 1):
+                print(f"disagg bench: round {rep}, {transport}", file=sys.stderr)
+                for way in ways:
+                    col = {"meshwire": "rdma" if transport == "rdma" else "local"}.get(way, way)
+                    t = [(await c.generate(prompt, 1, way))["timing"]
+                         for _ in range(LATENCY_REQUESTS)]
+                    kv = t[0]["kv_bytes"]
+                    rec("disagg_ttft_ms", col, kv, rep,
+                        1e3 * statistics.median(x["ttft_s"] for x in t))
+                    if way == "recompute":
+                        continue
+                    rec("disagg_kv_transfer_ms", col, kv, rep,
                         1e3 * statistics.median(x["transfer_s"] for x in t))
-            for way in WAYS[:2]:
-                m = await c.move(way, MOVE_REQUESTS, PROMPT)
-                gib = m["bytes"] / (1 << 30)
-                rec("disagg_prefill_cpu_s_per_gib", way, m["bytes"], rep, m["prefill_cpu_s"] / gib)
-                rec("disagg_decode_cpu_s_per_gib", way, m["bytes"], rep, m["decode_cpu_s"] / gib)
-                rec("disagg_move_mib_s", way, m["bytes"], rep, m["bytes"] / (1 << 20) / m["wall_s"])
-        await asyncio.sleep(2)                             # settle
-        pid = worker.proc.pid
-        cpu0, t0 = proc_cpu(pid), time.monotonic()
-        await asyncio.sleep(10)
-        idle = 100 * (proc_cpu(pid) - cpu0) / (time.monotonic() - t0)
-        rec("disagg_decode_idle_cpu_pct", "meshwire", 0, 1, idle)
-        for wid in list(c.decoders):
-            await c.stop_decode(wid)
-        await c.prefill.stop()
+                    m = await c.move(way, MOVE_REQUESTS, PROMPT)
+                    gib = m["bytes"] / (1 << 30)
+                    rec("disagg_prefill_cpu_s_per_gib", col, m["bytes"], rep,
+                        m["prefill_cpu_s"] / gib)
+                    rec("disagg_decode_cpu_s_per_gib", col, m["bytes"], rep,
+                        m["decode_cpu_s"] / gib)
+                    rec("disagg_move_mib_s", col, m["bytes"], rep,
+                        m["bytes"] / (1 << 20) / m["wall_s"])
+            if idle:
+                await asyncio.sleep(2)                     # settle
+                pid = worker.proc.pid
+                cpu0, t0 = proc_cpu(pid), time.monotonic()
+                await asyncio.sleep(10)
+                rec("disagg_decode_idle_cpu_pct", "rdma", 0, 1,
+                    100 * (proc_cpu(pid) - cpu0) / (time.monotonic() - t0))
+            for wid in list(c.decoders):
+                await c.stop_decode(wid)
+            await c.prefill.stop()
+
+    await run("rdma", WAYS, idle=True)
+    await run("auto", ("meshwire",), idle=False)           # prefill and decode share the host
 
     def med(metric: str, way: str) -> str:
         v = [r[4] for r in rows if r[0] == metric and r[1] == way]
         return f"{statistics.median(v):.2f}" if v else "-"
     print(f"\napps/disagg, {repeats} repeat(s), medians; a {PROMPT}-token prompt's KV: "
           f"{rows[0][2] / (1 << 20):.1f} MiB")
-    print(f"{'':34}{'meshwire':>10}{'HTTP/TCP':>10}{'recompute':>10}")
+    print(f"{'':34}{'RDMA':>10}{'same-host':>10}{'HTTP/TCP':>10}{'recompute':>10}")
     for metric, label in (("disagg_ttft_ms", "time to first token, ms"),
                           ("disagg_kv_transfer_ms", "KV transfer, ms"),
                           ("disagg_move_mib_s", "KV moved, MiB/s (4 at a time)"),
                           ("disagg_prefill_cpu_s_per_gib", "prefill CPU s per GiB"),
                           ("disagg_decode_cpu_s_per_gib", "decode CPU s per GiB")):
-        print(f"{label:34}" + "".join(f"{med(metric, w):>10}" for w in WAYS))
-    print(f"{'decode worker idle, % of a core':34}{med('disagg_decode_idle_cpu_pct', 'meshwire'):>10}")
+        print(f"{label:34}" + "".join(f"{med(metric, w):>10}" for w in COLUMNS))
+    print(f"{'decode worker idle, % of a core':34}{med('disagg_decode_idle_cpu_pct', 'rdma'):>10}")
     return 0
 
 

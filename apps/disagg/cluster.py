@@ -72,8 +72,8 @@ class Cluster:
     """Start with ``async with Cluster(job) as c``: a redis-server; then
     start_prefill() and start_decode(ID) as needed."""
 
-    def __init__(self, job: str, startup_s: float = 300):
-        self.job, self.startup_s = job, startup_s
+    def __init__(self, job: str, startup_s: float = 300, env: Optional[Dict[str, str]] = None):
+        self.job, self.startup_s, self.env = job, startup_s, env
         self.decoders: Dict[str, Proc] = {}
         self.prefill: Optional[Proc] = None
         self.url = ""
@@ -108,7 +108,8 @@ class Cluster:
         return [sys.executable, os.path.join(HERE, "disagg.py"), *args]
 
     async def start_prefill(self) -> None:
-        self.prefill = await spawn("prefill", *self._script("prefill", self.url, self.job, "0"))
+        self.prefill = await spawn("prefill", *self._script("prefill", self.url, self.job, "0"),
+                                   env=self.env)
         m = await self.prefill.wait_for(r"prefill: (http://\S+)", self.startup_s)
         self.base = m.group(1)
 
@@ -116,7 +117,7 @@ class Cluster:
         """Decode worker @wid, serving; once the prefill (if started) took it."""
         args = ["decode", self.url, self.job, wid] + ([str(slots)] if slots else [])
         seen = len(self.prefill.lines) if self.prefill else 0
-        p = self.decoders[wid] = await spawn(f"decode {wid}", *self._script(*args))
+        p = self.decoders[wid] = await spawn(f"decode {wid}", *self._script(*args), env=self.env)
         await p.wait_for(r"serving", self.startup_s)
         if self.prefill is not None:
             await self.prefill.wait_for(rf"worker {self.job}/decode/{wid} joined", 60, seen)

@@ -27,13 +27,14 @@ Connections take MW_TRANSPORT like every meshwire program."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import os
 import signal
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from aiohttp import ClientSession, web
@@ -48,6 +49,16 @@ STAGING = 16                 # prefill's registered caches: requests not yet ans
 def config() -> Config:
     layers, heads, head_dim = map(int, os.environ.get("DISAGG_MODEL", "2,4,16").split(","))
     return Config(layers=layers, heads=heads, head_dim=head_dim)
+
+
+# The model runs on a thread of its own: torch lets go of the GIL in its
+# kernels, so the loop keeps serving meanwhile (the directory's lease
+# renewals, transfers, HTTP): a prefill of seconds stalls nothing.
+COMPUTE = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
+
+
+async def compute(fn: Callable, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(COMPUTE, fn, *args)
 
 
 def cpu_seconds() -> float:
@@ -83,9 +94,10 @@ class Decode:
         """@fill puts the prompt's blocks into a fresh cache."""
         n = req["len"]
         cache = self.model.new_cache(self.model.cfg.max_tokens)
-        first = fill(cache) if req["tokens"] else 0  # (0 tokens: the transfer alone)
+        first = await compute(fill, cache) if req["tokens"] else 0   # (0: the transfer alone)
         ready = time.monotonic()                      # KV in place, first token known
-        tokens = self.model.decode(cache, n, first, req["tokens"]) if req["tokens"] else []
+        tokens = (await compute(self.model.decode, cache, n, first, req["tokens"])
+                  if req["tokens"] else [])
         back = await self.agent.connect(req["reply"])
         await self.agent.send_notif(back, json.dumps(
             {"rid": req["rid"], "tokens": tokens, "worker": self.wid,
@@ -296,8 +308,8 @@ class Prefill:
                 req["first"] = None
             else:
                 staging = req["staging"] = await self.free_staging.get()
-                req["first"] = (self.model.prefill(prompt, self.staging[staging])[0]
-                                if tokens else 0)
+                req["first"] = ((await compute(self.model.prefill, prompt,
+                                               self.staging[staging]))[0] if tokens else 0)
             prefilled = time.monotonic()
             await self.dispatch(req)
             ans = await self.answers[rid]         # (the blocks kept until then: a
