@@ -10,8 +10,9 @@ a note), by HTTP/TCP (aiohttp POST of the same blocks) and not at all
 (decode recomputes the prefill), then by meshwire on the same-host path
 (a second pair of processes):
   - time to first token: the request reaching prefill to the decode worker
-    holding the KV and the first token (10 requests of a 192-token prompt);
-  - KV transfer time (1.5 MiB), the same requests;
+    holding the KV and the first token (5 requests of a 128-token prompt);
+  - KV transfer time (1 MiB), and the decode worker's CPU per request
+    (taking the KV in, or recomputing it), the same requests;
   - CPU seconds per GiB of KV moved, each side (64 transfers, no model run);
 then the idle CPU of the decode worker waiting for work (10 s).
 Rows go to CSV (metric,way,bytes,0,repeat,value: scripts/bench's
@@ -26,8 +27,8 @@ os.environ.setdefault("DISAGG_MODEL", "16,4,16")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import Cluster          # noqa: E402
 
-PROMPT = 192
-LATENCY_REQUESTS = 10
+PROMPT = 128
+LATENCY_REQUESTS = 5
 MOVE_REQUESTS = 64
 WAYS = ("meshwire", "http", "recompute")
 COLUMNS = ("rdma", "local", "http", "recompute")      # meshwire's two paths, the baselines
@@ -62,11 +63,14 @@ async def main(repeats: int, csv: str) -> int:
                 print(f"disagg bench: round {rep}, {transport}", file=sys.stderr)
                 for way in ways:
                     col = {"meshwire": "rdma" if transport == "rdma" else "local"}.get(way, way)
-                    t = [(await c.generate(prompt, 1, way))["timing"]
-                         for _ in range(LATENCY_REQUESTS)]
+                    answers = [await c.generate(prompt, 1, way) for _ in range(LATENCY_REQUESTS)]
+                    t = [a["timing"] for a in answers]
                     kv = t[0]["kv_bytes"]
                     rec("disagg_ttft_ms", col, kv, rep,
                         1e3 * statistics.median(x["ttft_s"] for x in t))
+                    # what the decode worker's CPU spent on a request (no token decoded)
+                    rec("disagg_decode_cpu_ms_per_request", col, kv, rep,
+                        1e3 * (answers[-1]["cpu"] - answers[0]["cpu"]) / (len(answers) - 1))
                     if way == "recompute":
                         continue
                     rec("disagg_kv_transfer_ms", col, kv, rep,
@@ -97,10 +101,11 @@ async def main(repeats: int, csv: str) -> int:
         v = [r[4] for r in rows if r[0] == metric and r[1] == way]
         return f"{statistics.median(v):.2f}" if v else "-"
     print(f"\napps/disagg, {repeats} repeat(s), medians; a {PROMPT}-token prompt's KV: "
-          f"{rows[0][2] / (1 << 20):.1f} MiB")
+          f"{rows[0][2] / (1 << 20):.1f} MiB; RDMA on rxe, same-host in one VM")
     print(f"{'':34}{'RDMA':>10}{'same-host':>10}{'HTTP/TCP':>10}{'recompute':>10}")
     for metric, label in (("disagg_ttft_ms", "time to first token, ms"),
                           ("disagg_kv_transfer_ms", "KV transfer, ms"),
+                          ("disagg_decode_cpu_ms_per_request", "decode CPU per request, ms"),
                           ("disagg_move_mib_s", "KV moved, MiB/s (4 at a time)"),
                           ("disagg_prefill_cpu_s_per_gib", "prefill CPU s per GiB"),
                           ("disagg_decode_cpu_s_per_gib", "decode CPU s per GiB")):

@@ -113,9 +113,9 @@ class Cluster:
         m = await self.prefill.wait_for(r"prefill: (http://\S+)", self.startup_s)
         self.base = m.group(1)
 
-    async def start_decode(self, wid: str, slots: Optional[int] = None) -> Proc:
+    async def start_decode(self, wid: str, pages: Optional[int] = None) -> Proc:
         """Decode worker @wid, serving; once the prefill (if started) took it."""
-        args = ["decode", self.url, self.job, wid] + ([str(slots)] if slots else [])
+        args = ["decode", self.url, self.job, wid] + ([str(pages)] if pages else [])
         seen = len(self.prefill.lines) if self.prefill else 0
         p = self.decoders[wid] = await spawn(f"decode {wid}", *self._script(*args), env=self.env)
         await p.wait_for(r"serving", self.startup_s)

@@ -18,7 +18,7 @@ keep being served.
         GET /metrics   meshwire's counters and the server's, for Prometheus
         POST /move {"via", "requests", "len"}: that many transfers of "len"
              blocks, no model run: each side's CPU seconds (the bench's)
-    disagg.py decode DIRECTORY JOB ID [SLOTS]
+    disagg.py decode DIRECTORY JOB ID [PAGES]
     disagg.py reference PROMPT N      one process: what every answer must equal
 
 DIRECTORY is the store's URL ("redis://HOST" or "unix:PATH").  The model's
@@ -42,7 +42,8 @@ from aiohttp import ClientSession, web
 import meshwire
 from model import Config, Model
 
-SLOTS = 4096                 # blocks in a decode worker's pool
+PAGE = 16                    # tokens a page of a pool holds (vLLM's block size)
+PAGES = 512                  # pages in a decode worker's pool
 STAGING = 16                 # prefill's registered caches: requests not yet answered
 
 
@@ -105,9 +106,10 @@ class Decode:
 
     def from_note(self, note: bytes) -> None:
         req = json.loads(note)
-        if "slots" in req:                                  # written into our pool
+        if "pages" in req:                                  # written into our pool
             def fill(cache: torch.Tensor) -> int:
-                cache[:req["len"]] = self.pool[req["slots"]]
+                n = req["len"]
+                cache[:n] = self.pool[req["pages"]].view(-1, self.model.cfg.block)[:n]
                 return req["first"]
         else:                                               # recompute the prefill
             def fill(cache: torch.Tensor) -> int:
@@ -128,12 +130,12 @@ class Decode:
         return web.Response(text="taken")
 
 
-async def decode(url: str, job: str, wid: str, slots: int) -> int:
+async def decode(url: str, job: str, wid: str, pages: int) -> int:
     model = Model(config())
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with meshwire.Context() as ctx, await ctx.directory(url) as d:
-        pool = ctx.tensor((slots, model.cfg.block), torch.float32)
+        pool = ctx.tensor((pages, PAGE, model.cfg.block), torch.float32)
         app = web.Application(client_max_size=1 << 30)
         worker: List[Decode] = []                       # (the port goes into the agent's tag)
         app.router.add_post("/kv", lambda request: worker[0].from_http(request))
@@ -143,7 +145,7 @@ async def decode(url: str, job: str, wid: str, slots: int) -> int:
         w = Decode(agent, model, pool, wid)
         worker.append(w)
         async with await agent.start():
-            print(f"decode {wid}: serving {slots} slots, http {port}", flush=True)
+            print(f"decode {wid}: serving {pages} pages, http {port}", flush=True)
 
             async def take() -> None:
                 async for _, note in agent.notifications():
@@ -165,12 +167,12 @@ async def decode(url: str, job: str, wid: str, slots: int) -> int:
 # --- prefill --------------------------------------------------------------------
 
 class Worker:
-    """A decode worker as prefill sees it: its agent, its pool's free slots
+    """A decode worker as prefill sees it: its agent, its pool's free pages
     (prefill is the pool's only writer; an answer frees a request's)."""
 
-    def __init__(self, name: str, peer: meshwire.RemoteAgent, slots: int, http: str):
+    def __init__(self, name: str, peer: meshwire.RemoteAgent, pages: int, http: str):
         self.name, self.peer, self.http = name, peer, http
-        self.free = list(range(slots))
+        self.free = list(range(pages))
         self.pending: Dict[int, dict] = {}   # rid -> request, sent to it
 
 
@@ -200,10 +202,10 @@ class Prefill:
                 except OSError as e:
                     print(f"prefill: {entry.name}: {e}", flush=True)
                     continue
-                slots = entry.regions.get("kv", 0) // (self.block * 4)
+                pages = entry.regions.get("kv", 0) // (PAGE * self.block * 4)
                 http = f"http://127.0.0.1:{entry.tag.split('=')[1]}/kv"
-                self.workers[entry.name] = Worker(entry.name, peer, slots, http)
-                print(f"prefill: worker {entry.name} joined ({slots} slots)", flush=True)
+                self.workers[entry.name] = Worker(entry.name, peer, pages, http)
+                print(f"prefill: worker {entry.name} joined ({pages} pages)", flush=True)
             elif event == "left" and entry.name in self.workers:
                 w = self.workers.pop(entry.name)
                 print(f"prefill: worker {entry.name} left, {len(w.pending)} pending",
@@ -220,7 +222,7 @@ class Prefill:
             for w in self.workers.values():
                 req = w.pending.pop(ans["rid"], None)
                 if req is not None:
-                    w.free.extend(req.get("slots", ()))
+                    w.free.extend(req.get("pages", ()))
             f = self.answers.get(ans["rid"])
             if f is not None and not f.done():   # a redispatched one's late twin: dropped
                 f.set_result(ans)
@@ -233,7 +235,7 @@ class Prefill:
         """Send @req to a worker (another one if the first goes away) and
         record how long moving its KV took."""
         while True:
-            w = self.pick(req["len"])
+            w = self.pick(-(-req["len"] // PAGE))
             if w is None:
                 await asyncio.sleep(0.05)       # no worker with room: wait for one
                 continue
@@ -246,7 +248,7 @@ class Prefill:
                 await self.send(w, req, note)
             except OSError as e:                # it went away under us: another one
                 w.pending.pop(req["rid"], None)
-                w.free.extend(req.pop("slots", ()))
+                w.free.extend(req.pop("pages", ()))
                 print(f"prefill: {w.name}: {e}; sending request {req['rid']} elsewhere",
                       flush=True)
                 self.redispatched += 1
@@ -274,10 +276,13 @@ class Prefill:
                 if r.status != 200:
                     raise ConnectionError(f"{w.http}: HTTP {r.status}")
             return
-        slots = [w.free.pop() for _ in range(n)]
-        req["slots"] = note["slots"] = slots
-        with self.agent.prepare(w.peer, list(blocks),
-                                [("kv", s * self.block * 4) for s in slots]) as x:
+        # a page an entry: its tokens' blocks lie together on both sides
+        pages = [w.free.pop() for _ in range(-(-n // PAGE))]
+        req["pages"] = note["pages"] = pages
+        cache = self.staging[req["staging"]]
+        local = [cache[i * PAGE:(i + 1) * PAGE] for i in range(len(pages))]
+        remote = [("kv", p * PAGE * self.block * 4) for p in pages]
+        with self.agent.prepare(w.peer, local, remote) as x:
             await self.agent.transfer(x, json.dumps(note).encode())
 
     async def move(self, via: str, requests: int, length: int) -> dict:
@@ -389,7 +394,7 @@ def main() -> int:
     args = sys.argv[1:]
     if args[:1] == ["decode"] and len(args) in (4, 5):
         return asyncio.run(decode(args[1], args[2], args[3],
-                                  int(args[4]) if len(args) == 5 else SLOTS))
+                                  int(args[4]) if len(args) == 5 else PAGES))
     if args[:1] == ["prefill"] and len(args) == 4:
         return asyncio.run(prefill(args[1], args[2], int(args[3])))
     if args[:1] == ["reference"] and len(args) == 3:
