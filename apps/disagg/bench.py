@@ -13,7 +13,9 @@ a note), by HTTP/TCP (aiohttp POST of the same blocks) and not at all
     holding the KV and the first token (5 requests of a 128-token prompt);
   - KV transfer time (1 MiB), and the decode worker's CPU per request
     (taking the KV in, or recomputing it), the same requests;
-  - CPU seconds per GiB of KV moved, each side (64 transfers, no model run);
+  - CPU seconds per GiB of KV moved, each side (64 transfers, no model
+    run), and the user part alone (on soft-RoCE the kernel part includes
+    the emulated NIC's work, done in the poster's system calls);
 then the idle CPU of the decode worker waiting for work (10 s).
 Rows go to CSV (metric,way,bytes,0,repeat,value: scripts/bench's
 format); medians are printed as a table."""
@@ -81,6 +83,10 @@ async def main(repeats: int, csv: str) -> int:
                         m["prefill_cpu_s"] / gib)
                     rec("disagg_decode_cpu_s_per_gib", col, m["bytes"], rep,
                         m["decode_cpu_s"] / gib)
+                    rec("disagg_prefill_user_s_per_gib", col, m["bytes"], rep,
+                        m["prefill_user_s"] / gib)
+                    rec("disagg_decode_user_s_per_gib", col, m["bytes"], rep,
+                        m["decode_user_s"] / gib)
                     rec("disagg_move_mib_s", col, m["bytes"], rep,
                         m["bytes"] / (1 << 20) / m["wall_s"])
             if idle:
@@ -108,7 +114,9 @@ async def main(repeats: int, csv: str) -> int:
                           ("disagg_decode_cpu_ms_per_request", "decode CPU per request, ms"),
                           ("disagg_move_mib_s", "KV moved, MiB/s (4 at a time)"),
                           ("disagg_prefill_cpu_s_per_gib", "prefill CPU s per GiB"),
-                          ("disagg_decode_cpu_s_per_gib", "decode CPU s per GiB")):
+                          ("disagg_decode_cpu_s_per_gib", "decode CPU s per GiB"),
+                          ("disagg_prefill_user_s_per_gib", "prefill user CPU s per GiB"),
+                          ("disagg_decode_user_s_per_gib", "decode user CPU s per GiB")):
         print(f"{label:34}" + "".join(f"{med(metric, w):>10}" for w in COLUMNS))
     print(f"{'decode worker idle, % of a core':34}{med('disagg_decode_idle_cpu_pct', 'rdma'):>10}")
     return 0
