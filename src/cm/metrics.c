@@ -2,17 +2,12 @@
  * many are up, by path, and each established one's counters, labelled by
  * its addresses, device and path. */
 #include <stddef.h>
-#include <stdio.h>
-#include <string.h>
 
 #include "cm/cm.h"
 #include "core/metrics.h"
 
 #define CONN(field, kind, help) {"meshwire_conn_" #field, kind, help, offsetof(mw_conn_stats_t, field)}
-static const struct {
-    const char *name, *type, *help;
-    size_t at;
-} conn_counters[] = {
+static const struct mw__metrics_field conn_counters[] = {
     CONN(msgs_sent, "counter", "Messages sent on the connection."),
     CONN(msgs_received, "counter", "Messages received on the connection."),
     CONN(bytes_sent, "counter", "Message bytes sent."),
@@ -65,18 +60,14 @@ void mw__cm_metrics(mw_ctx_t *ctx, void *state, struct mw__metrics *m)
     connections_up(cm, m);
     for (size_t i = 0; i < sizeof conn_counters / sizeof conn_counters[0]; i++) {
         char name[96];
-        bool counter = conn_counters[i].type[0] == 'c';
-        snprintf(name, sizeof name, "%s%s", conn_counters[i].name, counter ? "_total" : "");
-        mw__metrics_family(m, name, conn_counters[i].type, conn_counters[i].help);
+        mw__metrics_field_family(m, &conn_counters[i], name);
         struct mw__conn *c;
         mw__list_for_each(c, &cm->conns, link) {
             if (!up(c))
                 continue;
             struct mw__labels l;
             labels_of(c, &l);
-            uint64_t v;
-            memcpy(&v, (const char *)&c->stats + conn_counters[i].at, sizeof v);
-            mw__metrics_sample(m, name, l.s, v);
+            mw__metrics_sample(m, name, l.s, mw__metrics_field_value(&conn_counters[i], &c->stats));
         }
     }
 }

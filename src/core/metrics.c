@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,12 +59,23 @@ void mw__labels_add(struct mw__labels *l, const char *key, const char *value)
     l->len = at;
 }
 
+void mw__metrics_field_family(struct mw__metrics *m, const struct mw__metrics_field *f,
+                              char name[96])
+{
+    snprintf(name, 96, "%s%s", f->name, f->type[0] == 'c' ? "_total" : "");
+    mw__metrics_family(m, name, f->type, f->help);
+}
+
+uint64_t mw__metrics_field_value(const struct mw__metrics_field *f, const void *stats)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)stats + f->at, sizeof v);
+    return v;
+}
+
 /* The context's own counters: name, help, and where each is. */
 #define CTX(field, kind, help) {"meshwire_" #field, kind, help, offsetof(mw_ctx_stats_t, field)}
-static const struct {
-    const char *name, *type, *help;
-    size_t at;
-} ctx_counters[] = {
+static const struct mw__metrics_field ctx_counters[] = {
     CTX(events, "counter", "Completion-channel wake-ups handled."),
     CTX(polls, "counter", "ibv_poll_cq calls."),
     CTX(completions, "counter", "Work completions reaped."),
@@ -94,12 +104,8 @@ long mw_ctx_metrics(mw_ctx_t *ctx, char *buf, size_t cap)
     mw_ctx_stats(ctx, &st);
     for (size_t i = 0; i < sizeof ctx_counters / sizeof ctx_counters[0]; i++) {
         char name[96];
-        bool counter = ctx_counters[i].type[0] == 'c';
-        snprintf(name, sizeof name, "%s%s", ctx_counters[i].name, counter ? "_total" : "");
-        mw__metrics_family(&m, name, ctx_counters[i].type, ctx_counters[i].help);
-        uint64_t v;
-        memcpy(&v, (const char *)&st + ctx_counters[i].at, sizeof v);
-        mw__metrics_sample(&m, name, "", v);
+        mw__metrics_field_family(&m, &ctx_counters[i], name);
+        mw__metrics_sample(&m, name, "", mw__metrics_field_value(&ctx_counters[i], &st));
     }
     for (int s = 0; s < MW__LAYERS; s++)
         if (ctx->layers[s].metrics)

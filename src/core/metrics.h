@@ -25,6 +25,19 @@ void mw__metrics_family(struct mw__metrics *m, const char *name, const char *typ
 void mw__metrics_sample(struct mw__metrics *m, const char *name, const char *labels,
                         uint64_t value);
 
+/* A counter or gauge that is a uint64_t field of a stats struct: tables
+ * of these make families from mw_ctx_stats_t, mw_conn_stats_t... */
+struct mw__metrics_field {
+    const char *name, *type, *help;   /* name without "_total" */
+    size_t at;                        /* offsetof in the stats struct */
+};
+/* mw__metrics_field_family() - @f's HELP and TYPE lines; its full name
+ * (counters end in _total) into @name. */
+void mw__metrics_field_family(struct mw__metrics *m, const struct mw__metrics_field *f,
+                              char name[96]);
+/* mw__metrics_field_value() - @f's value in @stats. */
+uint64_t mw__metrics_field_value(const struct mw__metrics_field *f, const void *stats);
+
 /* A sample's labels, escaped as the format wants (backslash, double quote,
  * newline): {k="v",...}. */
 struct mw__labels {
