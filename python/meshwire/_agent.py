@@ -253,11 +253,13 @@ class Agent:
         except BaseException:
             note.close()                   # sent: shown only if a later k is missing it
             raise
-        try:
-            await asyncio.gather(note, post)
-        except OSError as e:
-            e.done = done[0]
-            raise
+        # both to their end, so that done is read once the post is over
+        got = await asyncio.gather(post, note, return_exceptions=True)
+        failed = next((r for r in got if isinstance(r, BaseException)), None)
+        if failed is not None:
+            if isinstance(failed, OSError):
+                failed.done = done[0]
+            raise failed
 
     async def send_notif(self, peer: RemoteAgent, msg: bytes) -> None:
         """A notification with no transfer."""

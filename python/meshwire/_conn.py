@@ -6,7 +6,7 @@ import collections
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Optional, Tuple
 
 from ._context import TRANSPORTS, Bufferable, Context, set_options
-from ._lib import T, check, error, ffi, lib
+from ._lib import T, check, error, ffi, fields, lib
 from ._release import callbacks, finalize
 
 if TYPE_CHECKING:
@@ -235,10 +235,7 @@ class Connection:
         transport is "rdma" (the NIC) or "local" (the same-host path)."""
         st = ffi.new(T.conn_stats_p)
         check(lib.mw_conn_stats(self._live(), st), "mw_conn_stats")
-        out = {}
-        for name, field in ffi.typeof(st).item.fields:
-            v = getattr(st, name)
-            out[name] = ffi.string(v).decode() if field.type.kind == "array" else v
+        out = fields(st)
         out["transport"] = TRANSPORTS.get(out["transport"], out["transport"])
         return out
 
@@ -364,7 +361,7 @@ class Listener:
         if self._l is None:
             raise self._ended_error()
         check(lib.mw_listener_stats(self._l, st), "mw_listener_stats")
-        return {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
+        return fields(st)
 
     def close(self) -> None:
         """Stop listening; connections accepted stay (those not taken yet

@@ -11,7 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _future
-from ._lib import T, check, error, ffi, lib
+from ._lib import T, check, error, ffi, fields, lib
 from ._release import Reaper
 from ._tensor import is_tensor, span
 
@@ -269,7 +269,7 @@ class Context:
         context: none)."""
         st = ffi.new(T.ctx_stats_p)
         lib.mw_ctx_stats(self._live(), st)
-        out = {name: getattr(st, name) for name, _ in ffi.typeof(st).item.fields}
+        out = fields(st)
         out["loop_wakeups"] = self._wakeups
         return out
 

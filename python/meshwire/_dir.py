@@ -122,12 +122,18 @@ def _on_accept(l: Any, c: Any, arg: Any) -> None:
         return
     try:
         conn = Connection(pub._d._ctx, c)
-        if pub._on_accept is not None:
-            pub._on_accept(conn)           # before the peer can use it
-        pub._accepted.put_nowait(conn)
     except Exception as e:
         lib.mw_conn_abort(c)
         pub._accepted.put_nowait(e)
+        return
+    try:
+        if pub._on_accept is not None:
+            pub._on_accept(conn)           # before the peer can use it
+    except Exception as e:
+        conn.abort()                       # (the Connection owns c now: abort once)
+        pub._accepted.put_nowait(e)
+        return
+    pub._accepted.put_nowait(conn)
 
 
 class Publication:

@@ -8,7 +8,7 @@ up and every type the binding names parsed here, at import."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from ._ffi import ffi
 from ._libpath import LIB
@@ -89,3 +89,13 @@ def check(rc: int, what: str) -> int:
     if rc < 0:
         raise error(rc, f"{what}: {ffi.string(lib.mw_strerror(rc)).decode()}")
     return rc
+
+
+def fields(st: Any) -> Dict[str, Any]:
+    """A stats struct (cdata pointer) as a dict by field name; char arrays
+    (addresses, device names) as str."""
+    out = {}
+    for name, field in ffi.typeof(st).item.fields:
+        v = getattr(st, name)
+        out[name] = ffi.string(v).decode() if field.type.kind == "array" else v
+    return out

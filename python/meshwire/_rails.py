@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Optional, Tuple
 
 from ._conn import Connection, Remote
-from ._lib import T, check, error, ffi, lib
+from ._lib import T, check, error, ffi, fields, lib
 from ._release import finalize
 
 RAIL_STATES = {lib.MW_RAIL_PROBING: "probing", lib.MW_RAIL_UP: "up", lib.MW_RAIL_DOWN: "down"}
@@ -132,10 +132,7 @@ class Rails:
             return [self.stats(i) for i in range(len(self))]
         st = ffi.new(T.rail_stats_p)
         check(lib.mw_rails_stats(self._live(), rail, st), f"mw_rails_stats({rail})")
-        out = {}
-        for name, field in ffi.typeof(st).item.fields:
-            v = getattr(st, name)
-            out[name] = ffi.string(v).decode() if field.type.kind == "array" else v
+        out = fields(st)
         out["state"] = RAIL_STATES.get(out["state"], out["state"])
         return out
 
