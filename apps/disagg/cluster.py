@@ -126,13 +126,15 @@ class Cluster:
     async def stop_decode(self, wid: str) -> int:
         return await self.decoders.pop(wid).stop()
 
-    async def generate(self, prompt: str, tokens: int, via: str = "meshwire") -> dict:
-        async with self.http.post(f"{self.base}/generate", json={
-                "prompt": prompt, "tokens": tokens, "via": via}) as r:
-            body = await r.json()
+    async def _post(self, path: str, body: dict) -> dict:
+        async with self.http.post(f"{self.base}{path}", json=body) as r:
+            answer = await r.json()
             if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {body}")
-            return body
+                raise RuntimeError(f"POST {path}: HTTP {r.status}: {answer}")
+            return answer
+
+    async def generate(self, prompt: str, tokens: int, via: str = "meshwire") -> dict:
+        return await self._post("/generate", {"prompt": prompt, "tokens": tokens, "via": via})
 
     async def get(self, path: str) -> str:
         async with self.http.get(f"{self.base}{path}") as r:
@@ -141,6 +143,4 @@ class Cluster:
             return await r.text()
 
     async def move(self, via: str, requests: int, length: int) -> dict:
-        async with self.http.post(f"{self.base}/move", json={
-                "via": via, "requests": requests, "len": length}) as r:
-            return await r.json()
+        return await self._post("/move", {"via": via, "requests": requests, "len": length})

@@ -242,6 +242,8 @@ class Prefill:
         """Send @req to a worker (another one if the first goes away) and
         record how long moving its KV took."""
         while True:
+            if req["rid"] not in self.answers:  # answered meanwhile (by the worker that
+                return                          # left): its staging may be another's now
             w = self.pick(-(-req["len"] // PAGE))
             if w is None:
                 await asyncio.sleep(0.05)       # no worker with room: wait for one
