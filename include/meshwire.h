@@ -1024,20 +1024,32 @@ MW_EXTERN void mw_comm_opts_init(mw_comm_opts_t *opts);
  *         refused (-EINVAL).  Each rank connects to rank i through the
  *         address of entry i on a subnet it shares (the others after it);
  *         rank @rank listens on every local address at its entry's port.
- * Rank i connects to the ranks below it and accepts the ranks above it: a
- * full mesh of RC connections made through rdma_cm, no other channel; each
- * pair then exchanges the registered scratch regions it writes into.
+ * A rank connects only to the peers its collectives need, when they first
+ * need them: at creation its two ring neighbours (rank-1 and rank+1, modulo
+ * nranks), whose setup is checked against its own; later the peers of each
+ * collective's algorithm (a ring allreduce: none more; recursive doubling,
+ * barrier, broadcast: about log2 nranks; alltoall, gather, scatter: all).
+ * Of each pair the higher rank connects, over RC connections made through
+ * rdma_cm (no other channel); the two then exchange the registered scratch
+ * regions they write into (opts->slots * opts->slot_size bytes per
+ * connected peer).  mw_comm_stats() counts them.
  * Ranks may start in any order within opts->timeout_ms; refused attempts
  * while a peer starts are retried (they show in mw_ctx_stats as flushes),
  * and so are connections dropped before the peer's hello (a process of
  * another job still at that port: the deadline's message says so).  Every
  * rank must run the same meshwire: a rank of a release whose collectives
  * use another wire format is refused like a rank of another job.
- * Return: a future whose value is the mw_comm_t * (the caller's, free with
- * mw_comm_free); NULL only when out of memory.  It fails with -EINVAL for
- * a bad rank, count, entry or option (the message names it), -ETIMEDOUT naming the ranks still missing at
- * the deadline (failed connects are retried until then), or -EPROTO when a
- * peer disagrees (another rank count or scratch geometry).
+ * Later connections are retried as long (from when a collective first
+ * needs the peer); a peer not reached by then is lost to the collectives
+ * that need it, which fail -ECONNABORTED naming it.
+ * Return: a future whose value is the mw_comm_t * (the caller's, close with
+ * mw_comm_close or free with mw_comm_free); NULL only when out of memory.
+ * It fails with -EINVAL for a bad rank, count, entry or option (the message
+ * names it), -ETIMEDOUT naming the ring neighbours still missing at the
+ * deadline (failed connects are retried until then), or -EPROTO when a
+ * neighbour disagrees (another rank count or scratch geometry); a rank
+ * further away that disagrees breaks the communicator for every rank
+ * (-ECONNABORTED) as soon as its neighbours find it.
  */
 MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
                                       const char *const *peers, const mw_comm_opts_t *opts);
@@ -1062,20 +1074,67 @@ MW_EXTERN mw_future_t *mw_comm_create(mw_ctx_t *ctx, int rank, int nranks,
  */
 MW_EXTERN mw_future_t *mw_comm_create_env(mw_ctx_t *ctx, const mw_comm_opts_t *opts);
 
-/** mw_comm_free() - close the mesh; this rank's pending collectives fail
- *  -ECANCELED.  Peers still running a collective that needs this rank fail
- *  it, with a message naming this rank, and their communicator breaks.  To
- *  tear a job down cleanly, every rank waits for its collectives, then for
- *  a final mw_barrier(), then frees.  Known limit: a peer breaks on any
- *  rank's departure while a collective of its own still runs, even one
- *  that needs nothing more from the departed rank -- after a final barrier
- *  that is only its last step waiting on a third rank (under packet loss,
- *  a resend): lingering on the loop a little (the mesh tests run it
- *  1.5 s) before freeing avoids it.
- *  Return: 0 (also for NULL), or -ESTALE when already freed. */
+/**
+ * mw_comm_close() - leave the communicator together with the others: the
+ * collective counterpart of mw_comm_free, called by every rank after its
+ * last collective (NCCL's finalize).  The collectives already issued run to
+ * their end; then this rank says goodbye to each peer it is connected to
+ * and waits for theirs, so no rank leaves while another still writes to it
+ * or waits for its last writes to complete: no rank's collective breaks
+ * because another left cleanly.  A peer whose connection is lost counts as
+ * gone.  Collectives issued after the call fail -ESTALE.  Any rank's
+ * collective that still needs a rank that closed fails -ECONNABORTED (the
+ * ranks disagreed on what to run).
+ * Return: a future resolved once this rank left (NULL with errno EINVAL or
+ * ESTALE for a bad handle, ENOMEM); from then on the handle is released,
+ * as by mw_comm_free.  It fails -EALREADY when a close is already under
+ * way.  It waits for peers as long as they take: cancelling it (or its
+ * deadline) leaves at once, as mw_comm_free does.  On a broken
+ * communicator it resolves at once.
+ */
+MW_EXTERN mw_future_t *mw_comm_close(mw_comm_t *comm);
+
+/**
+ * mw_comm_shrink() - the communicator of @comm's ranks without @exclude,
+ * made from it after ranks were lost (NCCL's ncclCommShrink, MPI's
+ * MPI_Comm_shrink): no new bootstrap, no addresses from the application.
+ * Every survivor calls it with the same @nexclude ranks (in any order);
+ * the survivors keep their order, renumbered from 0 (rank r becomes r
+ * minus the excluded ranks below it), and each listens at its old entry's
+ * port.  @comm is released by the call (its pending collectives fail
+ * -ECANCELED), broken or not.  Ranks that disagree on the list form
+ * nothing together: each is refused as a rank of another job, and the
+ * creation fails -ETIMEDOUT naming who is missing.
+ * @opts: NULL for @comm's (the timeout, scratch geometry, connection
+ *        options); opts->job is ignored (the job is @comm's, with the list).
+ * Return: as mw_comm_create (the new mw_comm_t * is the caller's); NULL
+ * with errno EINVAL or ESTALE for a bad handle, ENOMEM.  It fails -EINVAL
+ * for a bad list (a rank out of range or twice, this rank, every other
+ * rank), with @comm left as it was.
+ */
+MW_EXTERN mw_future_t *mw_comm_shrink(mw_comm_t *comm, const int *exclude, int nexclude,
+                                      const mw_comm_opts_t *opts);
+
+/** mw_comm_free() - leave at once: this rank's pending collectives fail
+ *  -ECANCELED; peers still running a collective that needs this rank fail
+ *  it, with a message naming this rank, and their communicator breaks.
+ *  Use it to abandon a communicator; mw_comm_close() leaves cleanly.
+ *  Return: 0 (also for NULL), or -ESTALE when already freed or closed. */
 MW_EXTERN int mw_comm_free(mw_comm_t *comm);
 MW_EXTERN int mw_comm_rank(const mw_comm_t *comm);
 MW_EXTERN int mw_comm_size(const mw_comm_t *comm);
+
+/** What a communicator holds, for mw_comm_stats(). */
+typedef struct mw_comm_stats {
+    uint32_t connections;     /**< peers connected (their hello exchanged) */
+    uint64_t scratch_bytes;   /**< registered scratch held for them */
+    uint64_t collectives;     /**< collectives completed */
+    uint64_t collective_failures; /**< collectives that failed */
+} mw_comm_stats_t;
+
+/** mw_comm_stats() - fill @st; 0, or -EINVAL / -ESTALE / -EPERM (off the
+ *  loop thread) as the handle calls. */
+MW_EXTERN int mw_comm_stats(const mw_comm_t *comm, mw_comm_stats_t *st);
 
 /*
  * Collectives.  Each returns a future, done when this rank's part is

@@ -643,7 +643,9 @@ static int coll_rank(int op, int nsizes, char **sizes)
         if (op == 8)
             break;                                   /* a barrier has no size */
     }
-    mw_comm_free(comm);
+    mw_future_t *closed = mw_comm_close(comm);
+    mw_wait(closed);
+    mw_future_unref(closed);
     mw_ctx_free(ctx);
     return bad ? 1 : 0;
 }
@@ -810,7 +812,9 @@ static struct stall stall_coll_rank(int rank, const char *peers[2], size_t bytes
     drive(ctx, b, "barrier");
     mw_future_unref(b);
     free(x);
-    mw_comm_free(comm);
+    mw_future_t *closed = mw_comm_close(comm);
+    mw_wait(closed);
+    mw_future_unref(closed);
     mw_ctx_free(ctx);
     return worst;
 }

@@ -3,12 +3,13 @@ in place by default, without copies: meshwire registers the arrays while a
 collective runs (free for memory from Context.alloc)."""
 from __future__ import annotations
 
+import errno
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from ._context import Context, set_options
-from ._lib import T, check, error, ffi, lib
+from ._lib import T, check, error, ffi, fields, lib
 from ._release import finalize
 from ._tensor import as_array, implied_dtype, is_tensor
 
@@ -57,10 +58,12 @@ def _ptr(arr: Optional[np.ndarray]) -> Any:
 
 
 class Communicator:
-    """A mesh of ranks.  Every rank calls the same collectives in the same
-    order; each returns when this rank's part is complete.  ``async with``
-    frees it (after your final barrier, as the header advises); one
-    collected without free() is freed from the loop."""
+    """Ranks that run collectives together.  Every rank calls the same
+    collectives in the same order; each returns when this rank's part is
+    complete.  Connections are made to the peers the collectives need, when
+    they need them (stats() counts them).  ``async with`` leaves with
+    close() when its body ends normally, with free() when it raised; one
+    collected without either is freed from the loop."""
 
     def __init__(self, ctx: Context, comm: Any):
         self._ctx, self._comm = ctx, comm
@@ -161,21 +164,59 @@ class Communicator:
               "mw_block_of")
         return off[0], n[0]
 
-    def free(self) -> None:
-        """Close the mesh: this rank's pending collectives fail."""
+    async def shrink(self, exclude: Sequence[int], **opts: Any) -> "Communicator":
+        """The communicator of the other ranks without @exclude, after ranks
+        were lost (mw_comm_shrink): every survivor calls it with the same
+        ranks; this one is released.  Keyword options as communicator()'s
+        (none: this one's)."""
+        ex = ffi.new("int[]", list(exclude))
+        o, keep = comm_opts(dict(opts)) if opts else (ffi.NULL, ())
+        f = lib.mw_comm_shrink(self._live(), ex, len(exclude), o)
+        if f != ffi.NULL and lib.mw_future_error(f) != -errno.EINVAL:
+            self._disown()                 # released by the call; a bad list keeps it
+        ctx = self._ctx
+        return await ctx._await(f, "shrink", keep=(ex, keep),
+                                convert=lambda v: Communicator(ctx, ffi.cast(T.comm_p, v)),
+                                orphan=lambda comm: comm.free())
+
+    def stats(self) -> dict:
+        """connections (peers connected so far), scratch_bytes (registered
+        for them), collectives and collective_failures (mw_comm_stats)."""
+        st = ffi.new(T.comm_stats_p)
+        check(lib.mw_comm_stats(self._live(), st), "mw_comm_stats")
+        return fields(st)
+
+    def _disown(self) -> Any:
+        comm, self._comm = self._comm, None
+        self._collected.detach()
+        self._ctx._owned.discard(self)
+        return comm
+
+    async def close(self) -> None:
+        """Leave together with the others (mw_comm_close): the collectives
+        already issued finish, then this rank waits for every connected
+        peer's goodbye, so nobody's last collective breaks.  Every rank
+        calls it after its last collective.  Cancelling it leaves at once,
+        as free() does."""
         if self._comm is not None:
-            comm, self._comm = self._comm, None
-            self._collected.detach()
-            self._ctx._owned.discard(self)
-            lib.mw_comm_free(comm)
+            await self._ctx._await(lib.mw_comm_close(self._disown()), "close")
+
+    def free(self) -> None:
+        """Leave at once: this rank's pending collectives fail, and so do
+        the peers' that still need this rank (close() leaves cleanly)."""
+        if self._comm is not None:
+            lib.mw_comm_free(self._disown())
 
     _drop = free
 
     async def __aenter__(self) -> "Communicator":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        self.free()
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            self.free()
 
 
 def _comm_collected(ctx: Context, comm: Any) -> None:

@@ -58,6 +58,7 @@ class T:
     listener_stats_p = ffi.typeof("mw_listener_stats_t *")
     comm_p = ffi.typeof("mw_comm_t *")
     comm_opts_p = ffi.typeof("mw_comm_opts_t *")
+    comm_stats_p = ffi.typeof("mw_comm_stats_t *")
     msg_p = ffi.typeof("mw_msg_t *")
     mr_pp = ffi.typeof("mw_mr_t **")
     remote = ffi.typeof("mw_remote_t")

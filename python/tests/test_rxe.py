@@ -7,6 +7,7 @@ message released while cffi's lock is held, too little RLIMIT_MEMLOCK.
 Tests of connections run on both paths: the same-host path (the default
 here, both ends in this VM) and the NIC (transport="rdma")."""
 import asyncio
+import errno
 import gc
 import os
 import random
@@ -824,6 +825,40 @@ async def test_torch_tensors_move_and_reduce_where_they_lie(transport):
     for c in comms:
         c.free()
     for ctx in ctxs:
+        ctx.close()
+
+
+async def test_ranks_connect_when_needed_leave_together_and_shrink_after_a_loss():
+    """Four ranks: two connections each after creation (the ring
+    neighbours), three after an alltoall; a rank lost (its context closed)
+    breaks the next allreduce, the other three shrink to a communicator of
+    their own that computes exactly, and leave it together with close()."""
+    nranks = 4
+    base = random.randint(20000, 40000)
+    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
+    ctxs = [meshwire.Context() for _ in range(nranks)]
+    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
+                                   for r, ctx in enumerate(ctxs)))
+    assert [c.stats()["connections"] for c in comms] == [2] * nranks
+    outs = [np.empty(8, np.int32) for _ in comms]
+    await asyncio.gather(*(c.alltoall(np.arange(8, dtype=np.int32) + 10 * r, outs[r])
+                           for r, c in enumerate(comms)))
+    assert [c.stats()["connections"] for c in comms] == [3] * nranks
+    assert list(outs[1]) == [2, 3, 12, 13, 22, 23, 32, 33]
+    ctxs[3].close()                                   # rank 3 is lost
+    survivors = comms[:3]
+    res = await asyncio.gather(*(c.allreduce(np.ones(16, np.float32)) for c in survivors),
+                               return_exceptions=True)
+    assert all(isinstance(r, OSError) for r in res), res
+    with pytest.raises(OSError) as e:
+        await survivors[0].shrink([0])                # itself: refused, kept
+    assert e.value.errno == errno.EINVAL
+    new = await asyncio.gather(*(c.shrink([3]) for c in survivors))
+    assert [(c.rank, c.size) for c in new] == [(0, 3), (1, 3), (2, 3)]
+    out = await asyncio.gather(*(c.allreduce(np.full(1000, r + 1.0)) for r, c in enumerate(new)))
+    assert all(bool((o == 6).all()) for o in out)
+    await asyncio.gather(*(c.close() for c in new))
+    for ctx in ctxs[:3]:
         ctx.close()
 
 

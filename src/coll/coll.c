@@ -167,6 +167,10 @@ static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind,
         mw_future_fail(f, comm->err, "%s: %s", mw__coll_name(kind), comm->why);
         return f;
     }
+    if (comm->close_f) {
+        mw_future_fail(f, -ESTALE, "%s: the communicator is closing", mw__coll_name(kind));
+        return f;
+    }
     struct mw__run *k = mw__calloc(1, sizeof *k);
     if (!k) {                     /* as below: nobody can go on */
         mw_future_fail(f, -ENOMEM, "%s: no memory", mw__coll_name(kind));

@@ -1,10 +1,18 @@
-/* Creating a communicator: rank i connects to the ranks below it (retrying
- * while they start) and accepts those above; over each connection the two
- * ranks exchange a hello -- who they are, the scratch geometry, and the
- * registered scratch region the other will write into.  Then one receive
- * stays pending on every connection: with the keepalive it turns a peer's
- * death into a failure of everything in flight. */
+/* Creating a communicator, and its connections: a rank connects only to
+ * the peers its collectives need, when they first need them -- at
+ * creation its two ring neighbours (so every rank's setup is checked
+ * against its neighbours', and an abort reaches every rank by flooding),
+ * later the peers of each schedule (recursive doubling: log2 n, a ring:
+ * none more, alltoall: all).  Of a pair the higher rank connects (retrying
+ * while the other starts, up to opts.timeout_ms), the lower accepts; over
+ * each connection the two exchange a hello -- who they are, the scratch
+ * geometry, and the registered scratch region the other will write into.
+ * Then one receive stays pending on every connection: with the keepalive
+ * it turns a peer's death into a failure of what still needs it.
+ * Closing (mw_comm_close) says goodbye to every connected peer and waits
+ * for theirs, so no rank leaves while another still writes to it. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,11 +29,16 @@
 #include "core/future.h"
 #include "core/handle.h"
 
-/* The hello names the collectives' wire format: "MWC2" since data
- * immediates carry slot acks (exec.c); "MWCN" before.  Ranks of the two
- * would misread each other's immediates, so one refuses the other. */
-#define HELLO_MAGIC 0x4d574332u   /* "MWC2" */
-#define HELLO_MAGIC_1 0x4d57434eu /* "MWCN": meshwire before 2026-11-26 */
+/* The hello names the collectives' wire format: "MWC3" since connections
+ * are made on demand and ranks say goodbye; "MWC2" from when data
+ * immediates carried slot acks (exec.c); "MWCN" before.  Ranks of two
+ * formats would wait for connections never made or misread each other's
+ * immediates, so one refuses the other. */
+#define HELLO_MAGIC 0x4d574333u   /* "MWC3" */
+static const uint32_t older_magics[] = {
+    0x4d574332u,                  /* "MWC2": meshwire before 2026-11-28 */
+    0x4d57434eu,                  /* "MWCN": before 2026-11-26 */
+};
 #define RETRY_MS 200
 
 struct hello {                    /* the first message each way */
@@ -64,6 +77,24 @@ int mw_comm_size(const mw_comm_t *h)
     return comm ? comm->nranks : err;
 }
 
+static size_t scratch_bytes(const struct mw__comm *comm);
+
+int mw_comm_stats(const mw_comm_t *h, mw_comm_stats_t *st)
+{
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    if (!comm || !st)
+        return comm ? -EINVAL : err;
+    *st = (mw_comm_stats_t){.collectives = comm->colls_done,
+                            .collective_failures = comm->colls_failed};
+    for (int r = 0; r < comm->nranks; r++) {
+        const struct mw__peer *p = &comm->peers[r];
+        st->connections += p->ready && (!p->gone || p->said_bye);   /* not lost */
+        st->scratch_bytes += p->scratch ? scratch_bytes(comm) : 0;
+    }
+    return 0;
+}
+
 static void release(struct mw__comm *comm);
 
 void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
@@ -85,6 +116,8 @@ void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
         mw_future_unref(comm->create_f);
         comm->create_f = NULL;
         release(comm);
+    } else if (comm->close_f) {   /* broken: nobody waits for its goodbyes */
+        mw__comm_close_progress(comm);
     }
 }
 
@@ -108,6 +141,9 @@ void mw__comm_unref(struct mw__comm *comm)
     }
     if (comm->deadline)
         event_free(comm->deadline);
+    for (int r = 0; comm->addrs && r < comm->nranks; r++)
+        mw__free(comm->addrs[r]);
+    mw__free(comm->addrs);
     mw__free(comm->peers);
     mw__free(comm);
 }
@@ -123,6 +159,12 @@ void mw__peer_gone(struct mw__peer *p, int err, const char *why)
     }
     if (!mw__comm_freed(p->comm))
         mw__coll_advance(p->comm);
+}
+
+void mw__peer_said_bye(struct mw__peer *p)
+{
+    p->said_bye = true;
+    mw__peer_gone(p, -ECONNRESET, "closed the communicator");
 }
 
 struct mw__watch {
@@ -220,9 +262,10 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
 {
     const struct hello *h = m->data;
     *ours = false;
-    if (m->len == sizeof *h && h->magic == HELLO_MAGIC_1)
-        return "a rank of an older meshwire (its collectives' wire format differs: run one "
-               "version on every rank)";
+    for (size_t i = 0; m->len == sizeof *h && i < sizeof older_magics / sizeof *older_magics; i++)
+        if (h->magic == older_magics[i])
+            return "a rank of an older meshwire (its collectives' wire format differs: run one "
+                   "version on every rank)";
     if (m->len != sizeof *h || h->magic != HELLO_MAGIC)
         return "not a communicator hello";
     if (h->job != comm->job)      /* a stale rank of an earlier run, another job */
@@ -242,17 +285,25 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
     return NULL;
 }
 
+static bool is_ring_neighbour(const struct mw__comm *comm, int r)
+{
+    int n = comm->nranks;
+    return r != comm->rank && (r == (comm->rank + 1) % n || r == (comm->rank + n - 1) % n);
+}
+
 static void peer_ready(struct mw__peer *p, const struct hello *h)
 {
     struct mw__comm *comm = p->comm;
     p->remote = h->scratch;
     p->ready = true;
     watch(p);
-    if (p->gone) {
-        mw__comm_fail(comm, p->gone, "%s", p->gone_why);
+    if (p->gone) {                /* what needs it fails; at creation, everything */
+        if (comm->create_f)
+            mw__comm_fail(comm, p->gone, "%s", p->gone_why);
         return;
     }
-    if (++comm->ready == comm->nranks - 1 && comm->create_f) {
+    comm->ready++;
+    if (is_ring_neighbour(comm, p->rank) && --comm->ring_left == 0 && comm->create_f) {
         event_del(comm->deadline);
         mw_future_t *f = comm->create_f;
         comm->create_f = NULL;
@@ -260,6 +311,7 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
         mw_future_resolve(f, handle_of(comm));
         mw_future_unref(f);
     }
+    mw__coll_advance(comm);       /* a collective may have waited for it */
 }
 
 static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
@@ -310,6 +362,7 @@ static void on_refusal_closed(mw_future_t *f, void *arg)
  * cannot take the answer off the wire before the peer has it. */
 static void refuse_own_rank(struct mw__comm *comm, mw_conn_t *c, int r, const char *why)
 {
+    mw__comm_tell_abort(comm, MW__ABORT_MISMATCH, r);   /* ranks connected to us fail too */
     struct refusal *x = mw__malloc(sizeof *x);
     mw_future_t *closed = x && send_hello(comm, c, NULL) == 0 ? mw_conn_close(c) : NULL;
     if (!closed) {
@@ -330,6 +383,7 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     bool ours = false;
     const char *bad = mw__comm_freed(comm) ? "communicator gone"
+                      : comm->byes_sent    ? "communicator closed"
                       : m                  ? check_hello(comm, m, -1, &ours)
                                            : "no hello";
     int r = m ? (int)((struct hello *)m->data)->rank : -1;
@@ -369,12 +423,12 @@ static void on_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
     mw__future_then_in(f, &a->hello, on_accepted_hello, a);
 }
 
-/* --- the ranks below: we connect to them --------------------------------- */
+/* --- the ranks below: we connect to them when needed ---------------------- */
 
 struct mw__connecting {
     struct mw__comm *comm;
     int rank;
-    char addr[256];
+    uint64_t give_up_ms;          /* mw__now_ms() past which it is not retried */
     struct event *retry;
     struct mw__list link;         /* in comm->retrying while its timer is armed */
     struct mw__cb connected;
@@ -386,12 +440,32 @@ static int try_connect(struct mw__connecting *k);
 static void drop_connecting(struct mw__connecting *k)
 {
     struct mw__comm *comm = k->comm;
+    comm->peers[k->rank].dialing = false;
     event_free(k->retry);
     mw__free(k);
     mw__comm_unref(comm);
 }
 
-static void retry_later(struct mw__connecting *k);
+/* Refused, or dropped before its hello: whoever listens there is not (yet)
+ * this rank -- it is starting, or a process of another job refuses us.
+ * Again shortly, until the attempt's deadline; then the rank is gone (at
+ * creation the communicator's deadline, as long, reports it). */
+static void retry_or_give_up(struct mw__connecting *k, const char *why)
+{
+    struct mw__comm *comm = k->comm;
+    if (mw__now_ms() < k->give_up_ms && !comm->err) {
+        MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, why);
+        mw__list_add_tail(&comm->retrying, &k->link);
+        struct timeval tv = {0, RETRY_MS * 1000};
+        mw__ev_add(comm->ctx, k->retry, &tv);
+        return;
+    }
+    struct mw__peer *p = &comm->peers[k->rank];
+    char msg[200];
+    snprintf(msg, sizeof msg, "no connection within %u ms: %s", comm->opts.timeout_ms, why);
+    drop_connecting(k);
+    mw__peer_gone(p, -ETIMEDOUT, msg);
+}
 
 static void on_peer_hello(mw_future_t *f, void *arg)
 {
@@ -404,19 +478,16 @@ static void on_peer_hello(mw_future_t *f, void *arg)
     const char *bad = m ? check_hello(comm, m, p->rank, &ours) : mw_future_message(f);
     if (mw__comm_freed(comm)) {
         drop_connecting(k);
-    } else if (!m && comm->create_f) {
-        /* Dropped without a word: whoever listens there is not (yet) this
-         * rank -- a process of another job refusing us, or the rank
-         * restarting.  Again shortly, until the deadline. */
-        MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s before its hello; retrying", p->rank, bad);
+    } else if (!m) {
         mw_conn_abort(p->conn);
         p->conn = NULL;
         comm->dropped = true;
-        retry_later(k);
+        retry_or_give_up(k, "dropped before its hello");
     } else {
         drop_connecting(k);
         if (bad)
-            mw__comm_fail(comm, -EPROTO, "rank %d: %s", p->rank, bad);
+            mw__comm_abort(comm, MW__ABORT_MISMATCH, p->rank, -EPROTO, "rank %d: %s", p->rank,
+                           bad);
         else
             peer_ready(p, m->data);
     }
@@ -446,21 +517,13 @@ static void on_connected(mw_future_t *f, void *arg)
             mw_future_unref(f);
             return;
         }
-    } else if (comm->create_f && !mw__comm_freed(comm)) {   /* not up yet: again shortly */
-        MW_LOG(comm->ctx, MW_LOG_DEBUG, "rank %d: %s; retrying", k->rank, mw_future_message(f));
-        retry_later(k);
+    } else if (!mw__comm_freed(comm)) {   /* not up yet, perhaps */
+        retry_or_give_up(k, mw_future_message(f));
         mw_future_unref(f);
         return;
     }
     mw_future_unref(f);
     drop_connecting(k);
-}
-
-static void retry_later(struct mw__connecting *k)
-{
-    mw__list_add_tail(&k->comm->retrying, &k->link);
-    struct timeval tv = {0, RETRY_MS * 1000};
-    mw__ev_add(k->comm->ctx, k->retry, &tv);
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -488,11 +551,40 @@ static void drop_retries(struct mw__comm *comm)
 
 static int try_connect(struct mw__connecting *k)
 {
-    mw_future_t *f = mw_connect(k->comm->ctx, k->addr, &k->comm->opts.conn);
+    mw_future_t *f = mw_connect(k->comm->ctx, k->comm->addrs[k->rank], &k->comm->opts.conn);
     if (!f)
         return -ENOMEM;
     mw__future_then_in(f, &k->connected, on_connected, k);
     return 0;
+}
+
+static int dial(struct mw__comm *comm, int r)
+{
+    struct mw__connecting *k = mw__calloc(1, sizeof *k);
+    if (!k)
+        return -ENOMEM;
+    *k = (struct mw__connecting){.comm = comm, .rank = r,
+                                 .give_up_ms = mw__now_ms() + comm->opts.timeout_ms};
+    if (!(k->retry = evtimer_new(comm->ctx->base, on_retry, k))) {
+        mw__free(k);
+        return -ENOMEM;
+    }
+    mw__comm_ref(comm);
+    comm->peers[r].dialing = true;
+    if (try_connect(k) < 0) {
+        drop_connecting(k);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void mw__comm_need(struct mw__comm *comm, int r)
+{
+    struct mw__peer *p = &comm->peers[r];
+    if (r >= comm->rank || p->conn || p->dialing || p->gone || comm->err)
+        return;
+    if (dial(comm, r) < 0)
+        mw__peer_gone(p, -ENOMEM, "no memory to connect to it");
 }
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
@@ -502,7 +594,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     struct mw__comm *comm = arg;
     char missing[96] = "";
     for (int r = 0; r < comm->nranks; r++)
-        if (r != comm->rank && !comm->peers[r].ready)
+        if (is_ring_neighbour(comm, r) && !comm->peers[r].ready)
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
     mw__comm_fail(comm, -ETIMEDOUT, "after %u ms still missing ranks:%s%s", comm->opts.timeout_ms,
                   missing, comm->dropped ? " (dropped before their hello: whoever listens "
@@ -519,30 +611,26 @@ static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t c
     return rc;
 }
 
+/* Keep every rank's entry (a collective may need any of them later), listen,
+ * and dial the ring neighbours below us; those above dial us. */
 static int start(struct mw__comm *comm, const char *const *peers)
 {
+    if (!(comm->addrs = mw__calloc(comm->nranks, sizeof *comm->addrs)))
+        return -ENOMEM;
+    for (int r = 0; r < comm->nranks; r++)
+        if (!(comm->addrs[r] = mw__strdup(peers[r])))
+            return -ENOMEM;
     char la[64];
     int rc = own_listen_addr(peers[comm->rank], comm->opts.conn.default_port, la, sizeof la);
     if (rc == 0)
         rc = mw_listen(comm->ctx, la, &comm->opts.conn, on_accept, comm, &comm->listener);
     if (rc < 0)
         return rc;
-    for (int r = 0; r < comm->rank; r++) {
-        struct mw__connecting *k = mw__calloc(1, sizeof *k);
-        if (!k)
-            return -ENOMEM;
-        *k = (struct mw__connecting){.comm = comm, .rank = r};
-        snprintf(k->addr, sizeof k->addr, "%s", peers[r]);
-        if (!(k->retry = evtimer_new(comm->ctx->base, on_retry, k))) {
-            mw__free(k);
-            return -ENOMEM;
+    for (int r = 0; r < comm->nranks; r++)
+        if (is_ring_neighbour(comm, r)) {
+            comm->ring_left++;
+            mw__comm_need(comm, r);
         }
-        mw__comm_ref(comm);
-        if (try_connect(k) < 0) {
-            drop_connecting(k);
-            return -ENOMEM;
-        }
-    }
     struct timeval tv = {comm->opts.timeout_ms / 1000, (comm->opts.timeout_ms % 1000) * 1000};
     return mw__ev_add(comm->ctx, comm->deadline, &tv);
 }
@@ -781,6 +869,156 @@ static void release(struct mw__comm *comm)
         mw_listener_free(comm->listener);
     comm->listener = NULL;
     mw__comm_unref(comm);
+}
+
+/* --- closing together ------------------------------------------------------ */
+
+static void close_done(struct mw__comm *comm)
+{
+    mw_future_t *f = comm->close_f;
+    comm->close_f = NULL;
+    MW_LOG(comm->ctx, MW_LOG_INFO, "communicator rank %d/%d closed%s%s", comm->rank,
+           comm->nranks, comm->err ? " broken: " : "", comm->err ? comm->why : "");
+    release(comm);
+    mw_future_resolve(f, NULL);
+    mw_future_unref(f);
+}
+
+static void send_byes(struct mw__comm *comm)
+{
+    comm->byes_sent = true;
+    for (int r = 0; r < comm->nranks; r++) {
+        struct mw__peer *p = &comm->peers[r];
+        if (p->conn && p->ready && (!p->gone || p->said_bye) && !mw__comm_send_bye(p)) {
+            mw__comm_fail(comm, -ENOMEM, "cannot say goodbye to rank %d: no memory", r);
+            return;
+        }
+    }
+}
+
+static bool byes_all_in(const struct mw__comm *comm)
+{
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].ready && !comm->peers[r].gone)
+            return false;
+    return true;
+}
+
+void mw__comm_close_progress(struct mw__comm *comm)
+{
+    if (!comm->close_f || mw__comm_freed(comm))
+        return;
+    if (!comm->err && !mw__list_empty(&comm->colls))
+        return;                   /* the collectives issued before it first */
+    if (!comm->err && !comm->byes_sent)
+        send_byes(comm);
+    if (comm->err || byes_all_in(comm))
+        close_done(comm);
+}
+
+/* An impatient caller: leave now, as mw_comm_free does. */
+static void close_cancel(mw_future_t *f, void *arg)
+{
+    (void)f;
+    struct mw__comm *comm = arg;
+    mw_future_unref(comm->close_f);
+    comm->close_f = NULL;
+    comm_close(comm, "close cancelled or timed out");
+}
+
+mw_future_t *mw_comm_close(mw_comm_t *h)
+{
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    if (!comm) {
+        errno = -err;
+        return NULL;
+    }
+    mw_future_t *f = mw_future_new(comm->ctx);
+    if (!f)
+        return NULL;
+    if (comm->close_f) {
+        mw_future_fail(f, -EALREADY, "the communicator is already closing");
+        return f;
+    }
+    comm->close_f = mw_future_ref(f);
+    mw__future_on_cancel(f, close_cancel, comm);
+    mw__comm_close_progress(comm);
+    return f;
+}
+
+/* --- shrinking ------------------------------------------------------------ */
+
+/* What is wrong with an exclusion list for @comm, or NULL. */
+static const char *bad_exclusion(const struct mw__comm *comm, const int *exclude, int nexclude)
+{
+    if (nexclude < 0 || nexclude >= comm->nranks || (nexclude && !exclude))
+        return "nexclude must be 0 to nranks - 1, with a list";
+    for (int i = 0; i < nexclude; i++) {
+        if (exclude[i] < 0 || exclude[i] >= comm->nranks)
+            return "an excluded rank is out of range";
+        if (exclude[i] == comm->rank)
+            return "this rank is in its own exclusion list";
+        for (int j = 0; j < i; j++)
+            if (exclude[j] == exclude[i])
+                return "a rank is excluded twice";
+    }
+    return NULL;
+}
+
+static bool excluded(const int *exclude, int nexclude, int r)
+{
+    for (int i = 0; i < nexclude; i++)
+        if (exclude[i] == r)
+            return true;
+    return false;
+}
+
+mw_future_t *mw_comm_shrink(mw_comm_t *h, const int *exclude, int nexclude,
+                            const mw_comm_opts_t *opts)
+{
+    int err;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    if (!comm) {
+        errno = -err;
+        return NULL;
+    }
+    const char *why = bad_exclusion(comm, exclude, nexclude);
+    if (why || comm->nranks == 1) {
+        mw_future_t *f = mw_future_new(comm->ctx);
+        if (f)
+            mw_future_fail(f, -EINVAL, "%s", why ? why : "a communicator of one rank");
+        return f;
+    }
+    /* The survivors in their old order; the job is the old one's and the
+     * list's, so a rank excluding others is refused like another job. */
+    int n = comm->nranks - nexclude, me = 0;
+    const char **peers = mw__calloc(n, sizeof *peers);
+    char job[64 + 12 * 64];
+    if (!peers)
+        return NULL;
+    int len = snprintf(job, sizeof job, "%016" PRIx64 "/shrink", comm->job);
+    for (int r = 0, i = 0; r < comm->nranks; r++) {
+        if (excluded(exclude, nexclude, r)) {
+            if (len < (int)sizeof job - 12)
+                len += snprintf(job + len, sizeof job - len, ",%d", r);
+            continue;
+        }
+        me += r < comm->rank;
+        peers[i++] = comm->addrs ? comm->addrs[r] : "";
+    }
+    mw_comm_opts_t o = opts ? *opts : comm->opts;
+    o.job = job;
+    mw_ctx_t *ctx = comm->ctx;
+    char **addrs = comm->addrs;   /* kept past the release for the call */
+    comm->addrs = NULL;
+    comm_close(comm, "shrunk");   /* its port is free for the new one */
+    mw_future_t *f = mw_comm_create(ctx, me, n, peers, &o);
+    for (int r = 0; addrs && r < n + nexclude; r++)
+        mw__free(addrs[r]);
+    mw__free(addrs);
+    mw__free(peers);
+    return f;
 }
 
 int mw_comm_free(mw_comm_t *h)

@@ -1,4 +1,5 @@
-/* Communicators, internal side: the mesh of connections, each peer's
+/* Communicators, internal side: the connections to the peers a collective
+ * needed so far (the ring neighbours from the start), each connected peer's
  * scratch slots, and the queue of collectives executed in issue order. */
 #ifndef MW_COLL_COMM_H
 #define MW_COLL_COMM_H
@@ -14,7 +15,7 @@
 struct mw__run;
 struct mw__connecting;
 
-/* One peer of the mesh, as this rank sees it.  Chunks go into its scratch
+/* One peer, as this rank sees it; connected once a collective needs it.  Chunks go into its scratch
  * slots round robin; RC delivers a connection's writes in order, so the
  * n-th chunk written is in slot n % slots at both ends, and an ack (a
  * zero-length write with immediate carrying a count) frees the oldest
@@ -35,6 +36,8 @@ struct mw__peer {
     struct mw__connecting *connecting; /* our attempt, until its hello is in */
     struct mw__cb closed;         /* waits for its connection to go, at the end */
     bool ready;
+    bool dialing;                 /* we are connecting to it (it is below us) */
+    bool said_bye;                /* it closed the communicator: sends nothing more */
     int gone;                     /* why the peer is unreachable (0: it is not) */
     char gone_why[160];
 };
@@ -48,10 +51,14 @@ struct mw__comm {
     int rank, nranks;
     mw_comm_opts_t opts;
     struct mw__peer *peers;       /* indexed by rank; peers[rank] unused */
+    char **addrs;                 /* each rank's entry, to connect when needed */
     mw_listener_t *listener;
     mw_future_t *create_f;
     struct event *deadline;
     int ready;                    /* peers whose hello and scratch arrived */
+    int ring_left;                /* ring neighbours not yet ready: formation */
+    mw_future_t *close_f;         /* mw_comm_close() in progress */
+    bool byes_sent;
     int err;                      /* the mesh broke: every collective fails */
     char why[160];
     bool dropped;                 /* a rank we connected to dropped us before its hello */
@@ -84,6 +91,18 @@ struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err);
 /* mw__peer_gone() - @p left or broke: collectives that still need it fail
  * (when they get to it); those that are past it finish. */
 void mw__peer_gone(struct mw__peer *p, int err, const char *why);
+/* mw__comm_need() - a collective needs rank @r: connect to it if it is
+ * below us and not connected (it connects to us otherwise: every schedule
+ * pairs its sends and receives, so @r needs us in the same collective).
+ * When it is ready, or gone, the queue advances. */
+void mw__comm_need(struct mw__comm *comm, int r);
+/* mw__peer_said_bye() - @p closed the communicator: nothing more comes
+ * from it; collectives that still need it fail. */
+void mw__peer_said_bye(struct mw__peer *p);
+/* mw__comm_close_progress() - a close in progress goes on: once the
+ * collectives issued before it are over, goodbyes go out; once every
+ * connected peer said goodbye (or is gone), the communicator is released. */
+void mw__comm_close_progress(struct mw__comm *comm);
 void mw__comm_ref(struct mw__comm *comm);
 void mw__comm_unref(struct mw__comm *comm);
 void mw__comm_fail(struct mw__comm *comm, int err, const char *fmt, ...)
@@ -98,6 +117,9 @@ void mw__coll_metrics(struct mw__list *comms, struct mw__metrics *m);
 void mw__coll_advance(struct mw__comm *comm);
 void mw__coll_fail_all(struct mw__comm *comm, int err, const char *why);
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg);
+/* mw__comm_send_bye() - tell @p this rank closed the communicator (ordered
+ * after everything written to it); false without memory. */
+bool mw__comm_send_bye(struct mw__peer *p);
 enum mw__abort_why {
     MW__ABORT_OTHER = 0,
     MW__ABORT_LOST,               /* a rank died or left */
@@ -109,5 +131,8 @@ enum mw__abort_why {
  * naming @culprit, so ranks waiting on ranks that gave up fail too. */
 void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, int err,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* mw__comm_tell_abort() - only the telling: every live, connected peer
+ * learns that this rank breaks because of @culprit. */
+void mw__comm_tell_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit);
 
 #endif

@@ -26,9 +26,11 @@
 
 /* Immediates with bit 31 set are control, not data: an ack frees as many
  * slots as its bits 0..23 say; an abort says the sender broke the
- * communicator and why (bits 24..29) because of which rank (bits 0..23). */
+ * communicator and why (bits 24..29) because of which rank (bits 0..23);
+ * a goodbye (bit 29 without bit 30) says the sender closed it. */
 #define IMM_ACK (1u << 31)
 #define IMM_ABORT (1u << 30)
+#define IMM_BYE (1u << 29)
 #define IMM_LOW_MASK 0xffffffu  /* an ack's count, an abort's rank */
 /* A data immediate: bit 31 clear, the sequence number in bits 23..30,
  * slots acked in passing in bits 18..22, the signature in bits 0..17. */
@@ -345,13 +347,15 @@ static void local_copy(struct mw__run *k)
         memmove(k->res + c->dst * k->esz, k->in + c->src * k->esz, c->len * k->esz);
 }
 
-/* A peer this step still needs, if it is gone: its sends not all written,
- * or its chunks not all arrived. */
+/* A peer this step still needs, if it is gone: its sends not all written
+ * (a peer that said goodbye took all it wanted: those posted are in its
+ * scratch, their completions on their way), or its chunks not all arrived. */
 static const struct mw__peer *peer_still_needed_but_gone(const struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
     const struct mw__peer *peers = k->comm->peers;
-    if (st->send_to >= 0 && peers[st->send_to].gone && !sends_done(k))
+    if (st->send_to >= 0 && peers[st->send_to].gone &&
+        (peers[st->send_to].said_bye ? k->s_posted < k->s_chunks : !sends_done(k)))
         return &peers[st->send_to];
     if (st->recv_from >= 0 && peers[st->recv_from].gone) {
         const struct mw__peer *p = &peers[st->recv_from];
@@ -361,12 +365,38 @@ static const struct mw__peer *peer_still_needed_but_gone(const struct mw__run *k
     return NULL;
 }
 
+/* Ask for a connection to every peer of @k's schedule, once: those not
+ * yet connected are dialled (or dial us) while the first steps run. */
+static void need_peers(struct mw__run *k)
+{
+    for (int i = 0; i < k->s.nsteps; i++) {
+        const struct mw__step *st = &k->s.steps[i];
+        if (st->send_to >= 0)
+            mw__comm_need(k->comm, st->send_to);
+        if (st->recv_from >= 0)
+            mw__comm_need(k->comm, st->recv_from);
+    }
+    k->peers_asked = true;
+}
+
+/* Whether this step's peers are connected (a gone one is the lost-peer
+ * check's to report). */
+static bool step_peers_ready(const struct mw__run *k)
+{
+    const struct mw__step *st = &k->s.steps[k->step];
+    const struct mw__peer *peers = k->comm->peers;
+    return (st->send_to < 0 || peers[st->send_to].ready) &&
+           (st->recv_from < 0 || peers[st->recv_from].ready);
+}
+
 /* Run the head collective as far as it can go now; returns true when it
  * finished (the next one may start). */
 static bool advance_one(struct mw__run *k)
 {
     if (k->regs_pending)
         return false;             /* its buffers are being registered */
+    if (!k->peers_asked)
+        need_peers(k);
     while (k->step < k->s.nsteps) {
         if (!k->started) {
             local_copy(k);
@@ -379,6 +409,8 @@ static bool advance_one(struct mw__run *k)
                            lost->gone_why);
             return true;
         }
+        if (!step_peers_ready(k))
+            return false;         /* peer_ready() advances us */
         if (st->send_to >= 0 && !post_sends(k))
             return true;          /* failed: finish() ran through mw__comm_abort */
         if (st->recv_from >= 0 && !take_receives(k))
@@ -402,6 +434,8 @@ void mw__coll_advance(struct mw__comm *comm)
         if (!advance_one(k))
             return;
     }
+    if (comm->close_f)
+        mw__comm_close_progress(comm);
 }
 
 /* --- breaking the communicator --------------------------------------------- */
@@ -430,21 +464,37 @@ void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    mw__comm_tell_abort(comm, why, culprit);
+    mw__comm_fail(comm, err, "%s", msg);
+}
+
+void mw__comm_tell_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit)
+{
     uint32_t imm = IMM_ACK | IMM_ABORT | (uint32_t)why << 24 | ((uint32_t)culprit & IMM_LOW_MASK);
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
         if (r != comm->rank && p->conn && p->ready && !p->gone)
             mw_future_unref(mw_write_imm(p->conn, NULL, 0, &p->remote, 0, imm));
     }
-    mw__comm_fail(comm, err, "%s", msg);
 }
 
+/* Passed on to every connected peer: with connections made only where
+ * collectives need them, the others may reach the culprit only through us
+ * (the ring neighbours connect every rank). */
 static void on_abort(struct mw__peer *p, uint32_t imm)
 {
     enum mw__abort_why why = (imm >> 24) & 0x3f;
     int culprit = (int)(imm & IMM_LOW_MASK);
-    mw__comm_fail(p->comm, -ECONNABORTED, "rank %d aborted: it %s rank %d", p->rank,
-                  abort_reason(why), culprit);
+    mw__comm_abort(p->comm, why, culprit, -ECONNABORTED, "rank %d aborted: it %s rank %d",
+                   p->rank, abort_reason(why), culprit);
+}
+
+bool mw__comm_send_bye(struct mw__peer *p)
+{
+    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK | IMM_BYE);
+    bool no_memory = !f || mw_future_error(f) == -ENOMEM;
+    mw_future_unref(f);           /* a lost connection is the watch's to see */
+    return !no_memory;
 }
 
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
@@ -454,6 +504,9 @@ void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)
     struct mw__comm *comm = p->comm;
     if ((imm & (IMM_ACK | IMM_ABORT)) == (IMM_ACK | IMM_ABORT)) {
         on_abort(p, imm);
+        return;
+    } else if ((imm & (IMM_ACK | IMM_BYE)) == (IMM_ACK | IMM_BYE)) {
+        mw__peer_said_bye(p);     /* advances the queue */
         return;
     } else if (imm & IMM_ACK) {
         p->acked += imm & IMM_LOW_MASK;

@@ -31,6 +31,7 @@ struct mw__run {
     unsigned regs_pending;        /* buffers still being registered: it
                                      neither starts nor goes before they are */
     bool finished;                /* out of the queue, waiting for the above */
+    bool peers_asked;             /* mw__comm_need() called for its peers */
     int err;
     char why[160];
     /* the step in progress */

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "meshwire.h"
@@ -47,6 +48,13 @@ void *mw__malloc(size_t size)
 void *mw__calloc(size_t n, size_t size)
 {
     return held_or_enomem(allocator.calloc(n ? n : 1, size ? size : 1));
+}
+
+char *mw__strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = mw__malloc(n);
+    return d ? memcpy(d, s, n) : NULL;
 }
 
 void *mw__calloc_forever(size_t n, size_t size)

@@ -9,6 +9,8 @@
 void *mw__malloc(size_t size);
 void *mw__calloc(size_t n, size_t size);
 void *mw__realloc(void *p, size_t size);
+/* A copy of @s (mw__free it), or NULL. */
+char *mw__strdup(const char *s);
 /* A block kept for the life of the process (never freed): it does not
  * count as held, so the allocator stays replaceable. */
 void *mw__calloc_forever(size_t n, size_t size);

@@ -3,7 +3,9 @@
  * 1 MiB+3 elements, for 1, 2, 3, 4, 5 and 8 ranks; several collectives in
  * flight at once; a rank that calls a different collective is caught; a
  * rank killed in the middle of each kind of collective breaks the
- * communicator on every survivor. */
+ * communicator on every survivor; connections made only to the peers each
+ * algorithm needs; 16 ranks leaving together with mw_comm_close, at once
+ * after their last collective, again and again. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 #include "meshwire.h"
 #include "coll/comm.h"
 #include "coll/reduce.h"
+#include "coll/sched.h"
 #include "coll_data.h"
 #include "rxe_util.h"
 
@@ -509,6 +512,130 @@ static void check_acks_ride(mw_comm_t *comm)
           (unsigned long long)imms, (unsigned long long)want);
 }
 
+/* Add the peers of @rank's schedule for one collective to @set. */
+static void add_peers(bool *set, enum mw__coll_kind kind, enum mw__algo algo, int n, int rank,
+                      size_t count)
+{
+    struct mw__sched s;
+    CHECK(mw__sched_build(kind, algo, n, rank, 0, count, &s) == 0, "schedule");
+    for (int i = 0; i < s.nsteps; i++) {
+        if (s.steps[i].send_to >= 0)
+            set[s.steps[i].send_to] = true;
+        if (s.steps[i].recv_from >= 0)
+            set[s.steps[i].recv_from] = true;
+    }
+    mw__sched_free(&s);
+}
+
+/* After this rank's collectives up to @done, it is connected to every peer
+ * they needed (@need), and to none outside what a peer ahead of it may
+ * already have dialled for the next one (@next); scratch is held for the
+ * connected peers only.  mw_comm_stats() says the same as the peers. */
+static void check_connections(mw_comm_t *h, const char *done, const bool *need, const bool *next)
+{
+    int err, n = mw_comm_size(h), lo = 0, hi = 0, up = 0;
+    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
+    for (int r = 0; r < n; r++) {
+        bool ready = comm->peers[r].ready;
+        lo += need[r], hi += next[r], up += ready;
+        CHECK(!need[r] || ready, "rank %d: after %s, rank %d is not connected", comm->rank, done, r);
+        CHECK(next[r] || !ready, "rank %d: after %s, rank %d is connected: no schedule needs it",
+              comm->rank, done, r);
+    }
+    mw_comm_stats_t st;
+    CHECK(mw_comm_stats(h, &st) == 0, "mw_comm_stats");
+    uint64_t per = (uint64_t)comm->opts.slots * comm->opts.slot_size;
+    fprintf(stderr, "rank %d: after %s: %u connections (needed %d, at most %d), %llu KiB scratch\n",
+            comm->rank, done, st.connections, lo, hi, (unsigned long long)st.scratch_bytes >> 10);
+    CHECK((int)st.connections == up, "stats say %u connections, the peers %d", st.connections, up);
+    CHECK(st.scratch_bytes <= per * (uint64_t)hi, "scratch for more than the peers needed");
+}
+
+/* Ring allreduce (twice), recursive doubling, barrier, alltoall: each adds
+ * only its algorithm's peers to the ring neighbours of the creation. */
+static void check_lazy(mw_comm_t *comm)
+{
+    int n = mw_comm_size(comm), me = mw_comm_rank(comm);
+    bool need[16] = {false}, next[16] = {false};
+    need[(me + 1) % n] = need[(me + n - 1) % n] = true;   /* the ring neighbours */
+    struct step {
+        enum mw__coll_kind kind;
+        enum mw__algo algo;
+        size_t count;
+        const char *name;
+    } steps[] = {
+        {MW__COLL_ALLREDUCE, MW__ALGO_RING, (1 << 18) + 3, "a 1 MiB allreduce (ring)"},
+        {MW__COLL_ALLREDUCE, MW__ALGO_RING, (1 << 18) + 3, "another (ring)"},
+        {MW__COLL_ALLREDUCE, MW__ALGO_RECURSIVE_DOUBLING, 1024, "a 4 KiB allreduce (rd)"},
+        {MW__COLL_BARRIER, MW__ALGO_AUTO, 0, "a barrier"},
+        {MW__COLL_ALLTOALL, MW__ALGO_AUTO, 8, "an alltoall"},
+    };
+    memcpy(next, need, sizeof need);
+    add_peers(next, steps[0].kind, steps[0].algo, n, me, steps[0].count);
+    check_connections(comm, "creation", need, next);
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        const struct step *st = &steps[i];
+        if (st->kind == MW__COLL_ALLREDUCE) {
+            check_allreduce(comm, MW_F32, MW_SUM, st->count, false);
+        } else if (st->kind == MW__COLL_BARRIER) {
+            failures += wait_ok(mw_barrier(comm), "barrier") != 0;
+        } else {
+            int32_t in[16 * 8], out[16 * 8];
+            for (int b = 0; b < n * 8; b++)
+                in[b] = me * 1000 + b;
+            failures += wait_ok(mw_alltoall(comm, in, out, 8, MW_INT32), "alltoall") != 0;
+            for (int b = 0; b < n * 8; b++)
+                CHECK(out[b] == (b / 8) * 1000 + me * 8 + b % 8, "alltoall element %d", b);
+        }
+        add_peers(need, st->kind, st->algo, n, me, st->count);
+        memcpy(next, need, sizeof need);
+        if (i + 1 < sizeof steps / sizeof *steps)
+            add_peers(next, steps[i + 1].kind, steps[i + 1].algo, n, me, steps[i + 1].count);
+        check_connections(comm, st->name, need, next);
+    }
+}
+
+/* Ranks 3 and 6 of 8 die after a first allreduce; the survivors' next one
+ * fails, and they shrink the communicator to the six of them and compute
+ * exactly again.  Returns the new communicator (or NULL). */
+static mw_comm_t *check_shrink(mw_comm_t *comm, int rank)
+{
+    check_allreduce(comm, MW_F32, MW_SUM, 1024, false);
+    if (rank == 3 || rank == 6)
+        raise(SIGKILL);
+    float x[1024] = {0};
+    mw_future_t *f = mw_allreduce(comm, x, x, 1024, MW_F32, MW_SUM);
+    mw_future_set_timeout(f, 60000);
+    int rc = mw_wait(f);
+    fprintf(stderr, "rank %d: allreduce without ranks 3 and 6: %s (%s)\n", rank, mw_strerror(rc),
+            mw_future_message(f));
+    CHECK(rc != 0 && rc != -ETIMEDOUT, "rank %d: the lost ranks went unnoticed", rank);
+    mw_future_unref(f);
+    const int self[] = {rank}, twice[] = {3, 3}, lost[] = {6, 3};
+    f = mw_comm_shrink(comm, self, 1, NULL);
+    CHECK(mw_wait(f) == -EINVAL, "excluding itself");
+    mw_future_unref(f);
+    f = mw_comm_shrink(comm, twice, 2, NULL);
+    CHECK(mw_wait(f) == -EINVAL, "excluding a rank twice");
+    mw_future_unref(f);
+    f = mw_comm_shrink(comm, lost, 2, NULL);
+    mw_future_set_timeout(f, 60000);
+    if (mw_wait(f)) {
+        fprintf(stderr, "rank %d: shrink: %s\n", rank, mw_future_message(f));
+        mw_future_unref(f);
+        failures++;
+        return NULL;
+    }
+    comm = mw_future_value(f);
+    mw_future_unref(f);
+    CHECK(mw_comm_size(comm) == 6 && mw_comm_rank(comm) == rank - (rank > 3) - (rank > 6),
+          "rank %d is %d of %d after the shrink", rank, mw_comm_rank(comm), mw_comm_size(comm));
+    check_allreduce(comm, MW_F32, MW_SUM, 4096 + 3, false);
+    check_allreduce(comm, MW_F32, MW_SUM, (1 << 18) + 3, true);
+    check_rooted_and_gathers(comm, 7);
+    return comm;
+}
+
 static int run_rank(int rank, int nranks, int port, const char *mode)
 {
     failures = 0;                 /* rank 0 is this process, test after test */
@@ -606,6 +733,15 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_acks_ride(comm);
     } else if (!strncmp(mode, "kill:", 5)) {
         check_killed_rank(ctx, comm, rank, nranks, mode + 5);
+    } else if (!strcmp(mode, "shrink")) {
+        comm = check_shrink(comm, rank);
+    } else if (!strcmp(mode, "lazy")) {
+        check_lazy(comm);
+    } else if (!strcmp(mode, "close")) {
+        /* a small allreduce and a barrier, then away at once: the
+         * barrier's last steps are others' waits on third ranks */
+        check_allreduce(comm, MW_F32, MW_SUM, 1024, false);
+        failures += wait_ok(mw_barrier(comm), "final barrier") != 0;
     } else if (!strcmp(mode, "newjob")) {
         check_allreduce(comm, MW_F32, MW_SUM, 4096 + 3, false);
     } else if (small) {
@@ -638,11 +774,19 @@ static int run_rank(int rank, int nranks, int port, const char *mode)
         check_in_flight(ctx, comm);
         if (wait_ok(mw_barrier(comm), "final barrier"))
             failures++;
-        /* a peer may still be on its last step, waiting on a third rank:
-         * leaving at once would break it (meshwire.h, mw_comm_free) */
-        loop_for(ctx, 500);
     }
-    mw_comm_free(comm);
+    /* leaving together: nobody's last step breaks on another's departure */
+    if (!comm) {
+    } else if (!strcmp(mode, "all") || !strcmp(mode, "lazy") || !strcmp(mode, "close") ||
+               !strcmp(mode, "shrink")) {
+        mw_future_t *f = mw_comm_close(comm);
+        failures += wait_ok(f, "close") != 0;
+        mw_future_t *again = mw_comm_close(comm);   /* the handle is released */
+        CHECK(!again && errno == ESTALE, "close after close: %s", again ? "a future" : "");
+        CHECK(mw_comm_free(comm) == -ESTALE, "free after close");
+    } else {
+        mw_comm_free(comm);
+    }
     mw_ctx_free(ctx);
     return failures ? 1 : 0;
 }
@@ -669,7 +813,8 @@ static void run_ranks(int nranks, const char *mode)
     for (int r = 1; r < nranks; r++) {
         int st;
         waitpid(pids[r], &st, 0);
-        if (!strncmp(mode, "kill:", 5) && r == nranks - 1)
+        if ((!strncmp(mode, "kill:", 5) && r == nranks - 1) ||
+            (!strcmp(mode, "shrink") && (r == 3 || r == 6)))
             bad += !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL;
         else
             bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
@@ -703,6 +848,15 @@ static void ranks_8(void **s)
     if (getenv("MW_TEST_QUICK"))
         skip();
     run_ranks(8, "all");
+}
+static void lazy_8(void **s) { (void)s; run_ranks(8, "lazy"); }
+static void shrink_8(void **s) { (void)s; run_ranks(8, "shrink"); }
+/* 16 ranks close right after their last barrier, three times over */
+static void close_16(void **s)
+{
+    (void)s;
+    for (int i = 0; i < (getenv("MW_TEST_QUICK") ? 1 : 3); i++)
+        run_ranks(16, "close");
 }
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
 static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }
@@ -871,6 +1025,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ranks_1), cmocka_unit_test(ranks_2), cmocka_unit_test(ranks_3),
         cmocka_unit_test(ranks_4), cmocka_unit_test(ranks_5), cmocka_unit_test(ranks_8),
+        cmocka_unit_test(lazy_8), cmocka_unit_test(close_16), cmocka_unit_test(shrink_8),
         cmocka_unit_test(mismatch_3), cmocka_unit_test(multiaddr_3),
         cmocka_unit_test(local_failure_2), cmocka_unit_test(deadline_2),
         cmocka_unit_test(algo_mismatch_2), cmocka_unit_test(regcache_2),

@@ -664,6 +664,81 @@ static void large_mesh(void **state)
     mw__sched_free(&s);
 }
 
+/* What a rank of a communicator of up to 1,024 ranks pays per algorithm,
+ * with connections made only to the peers its schedules name (coll/comm.c):
+ * the connections (its ring neighbours, made at creation, plus the
+ * schedule's peers) and the bytes it sends for a 1 MiB f32 allreduce, the
+ * most over all ranks.  The connection count follows the algorithm, not n
+ * (except where the algorithm is all-to-all). */
+static int peers_of(enum mw__coll_kind kind, enum mw__algo algo, int n, int r, size_t count,
+                    bool *seen, size_t *sent)
+{
+    struct mw__sched s;
+    memset(seen, 0, (size_t)n);
+    seen[(r + 1) % n] = seen[(r + n - 1) % n] = n > 1;
+    seen[r] = false;
+    assert_int_equal(mw__sched_build(kind, algo, n, r, 0, count, &s), 0);
+    *sent = 0;
+    for (int i = 0; i < s.nsteps; i++) {
+        const struct mw__step *st = &s.steps[i];
+        if (st->send_to >= 0)
+            seen[st->send_to] = true, *sent += st->send_len * 4;
+        if (st->recv_from >= 0)
+            seen[st->recv_from] = true;
+    }
+    mw__sched_free(&s);
+    int k = 0;
+    for (int q = 0; q < n; q++)
+        k += seen[q];
+    return k;
+}
+
+static void connections_per_rank_to_1024(void **state)
+{
+    (void)state;
+    static const struct {
+        enum mw__coll_kind kind;
+        enum mw__algo algo;
+        const char *name;
+    } algos[] = {
+        {MW__COLL_ALLREDUCE, MW__ALGO_RING, "allreduce ring"},
+        {MW__COLL_ALLREDUCE, MW__ALGO_RECURSIVE_DOUBLING, "allreduce rd"},
+        {MW__COLL_BARRIER, MW__ALGO_AUTO, "barrier"},
+        {MW__COLL_BROADCAST, MW__ALGO_AUTO, "broadcast"},
+        {MW__COLL_ALLTOALL, MW__ALGO_AUTO, "alltoall"},
+    };
+    const size_t count = (1u << 20) / 4;      /* 1 MiB of f32 */
+    bool *seen = malloc(1024);
+    assert_non_null(seen);
+    printf("%-16s %6s %12s %14s\n", "algorithm", "ranks", "connections", "MiB sent");
+    for (size_t a = 0; a < sizeof algos / sizeof *algos; a++)
+        for (int n = 8; n <= 1024; n *= 2) {
+            int most = 0;
+            size_t sent_most = 0;
+            for (int r = 0; r < n; r++) {
+                size_t sent;
+                int k = peers_of(algos[a].kind, algos[a].algo, n, r,
+                                 algos[a].kind == MW__COLL_ALLTOALL ? 1 : count, seen, &sent);
+                most = k > most ? k : most;
+                sent_most = sent > sent_most ? sent : sent_most;
+            }
+            int lg = ceil_log2(n);    /* n is a power of two here */
+            int bound = algos[a].algo == MW__ALGO_RING ? 2
+                        : algos[a].kind == MW__COLL_ALLTOALL ? n - 1
+                        : algos[a].kind == MW__COLL_BARRIER ? 2 * lg
+                                                            : lg + 2;
+            if (algos[a].kind != MW__COLL_ALLTOALL && n >= 64)
+                printf("%-16s %6d %12d %14.2f\n", algos[a].name, n, most,
+                       (double)sent_most / (1 << 20));
+            assert_true(most <= bound);
+            if (algos[a].algo == MW__ALGO_RING)       /* 2(n-1)/n of the vector */
+                assert_true(sent_most <= 2 * count * 4);
+            if (algos[a].algo == MW__ALGO_RECURSIVE_DOUBLING)   /* all of it, each step */
+                assert_true(sent_most == (size_t)lg * count * 4);
+        }
+    free(seen);
+}
+
 static void names(void **state)
 {
     (void)state;
@@ -680,6 +755,7 @@ int main(void)
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(deterministic),
         cmocka_unit_test(large_mesh),
+        cmocka_unit_test(connections_per_rank_to_1024),
         cmocka_unit_test(names),
         cmocka_unit_test(barrier_dissemination),
         cmocka_unit_test(broadcast_binomial),
