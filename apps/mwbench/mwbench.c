@@ -38,6 +38,16 @@
  *                                      MW_ALLREDUCE_ALGO picks allreduce's
  *                                      algorithm, MW_BENCH_SLOT_KIB and
  *                                      MW_BENCH_SLOTS the scratch slots
+ *   mwbench scale -n RANKS ADDR [full]
+ *                                      what a communicator of RANKS processes
+ *                                      on ADDR costs each rank: creation time,
+ *                                      connections, registered scratch, peak
+ *                                      RSS, then allreduce of 4 KiB and 1 MiB;
+ *                                      one line per rank.  "full": an alltoall
+ *                                      right after creation first connects
+ *                                      every pair (a full mesh, as meshwire
+ *                                      made before 2026-11-28), and creation
+ *                                      time includes it
  *   mwbench futures [N]               the future API alone, no RDMA: N futures
  *                                      made, given a callback, resolved and
  *                                      released (default 2,000,000), and the
@@ -704,6 +714,86 @@ static int coll_bench(int argc, char **argv)
     return addr ? coll_local(addr, nranks, op, nsizes, sizes) : coll_rank(op, nsizes, sizes);
 }
 
+/* --- what a rank pays as the communicator grows ------------------------------ */
+
+static double allreduce_us(mw_comm_t *comm, float *x, size_t count, int iters)
+{
+    wait_or_die(mw_allreduce(comm, x, x, count, MW_F32, MW_SUM), "allreduce");
+    wait_or_die(mw_barrier(comm), "barrier");
+    double t0 = now();
+    for (int i = 0; i < iters; i++)
+        wait_or_die(mw_allreduce(comm, x, x, count, MW_F32, MW_SUM), "allreduce");
+    return (now() - t0) / iters * 1e6;
+}
+
+static int scale_rank(bool full)
+{
+    mw_ctx_t *ctx;
+    mw_ctx_new(&ctx, NULL, NULL);
+    double t0 = now();
+    mw_future_t *cf = mw_comm_create_env(ctx, NULL);
+    if (mw_wait(cf))
+        die("communicator", mw_future_error(cf), cf);
+    mw_comm_t *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    int rank = mw_comm_rank(comm), n = mw_comm_size(comm);
+    float *x = mw_alloc(ctx, 1 << 20);
+    memset(x, 0, 1 << 20);
+    if (full)                                   /* every pair connected */
+        wait_or_die(mw_alltoall(comm, x, x + n, 1, MW_F32), "alltoall");
+    double created = now() - t0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_created = ru.ru_maxrss / 1024.0;
+    mw_comm_stats_t st;
+    double small = allreduce_us(comm, x, 1024, 50), big = allreduce_us(comm, x, 1 << 18, 10);
+    mw_comm_stats(comm, &st);
+    getrusage(RUSAGE_SELF, &ru);
+    printf("scale %s ranks %d rank %d create_s %.3f connections %u scratch_mib %.1f "
+           "rss_mib %.1f allreduce_4k_us %.1f allreduce_1m_us %.1f rss_created_mib %.1f\n",
+           full ? "full" : "lazy", n, rank, created, st.connections,
+           st.scratch_bytes / 1048576.0, ru.ru_maxrss / 1024.0, small, big, rss_created);
+    fflush(stdout);
+    mw_future_t *closed = mw_comm_close(comm);
+    mw_wait(closed);
+    mw_future_unref(closed);
+    mw_free(ctx, x);
+    mw_ctx_free(ctx);
+    return 0;
+}
+
+/* -n RANKS processes on ADDR, forked before any RDMA resource exists. */
+static int scale_bench(int argc, char **argv)
+{
+    if (argc < 3 || strcmp(argv[0], "-n"))
+        die("scale -n RANKS ADDR [full]", -EINVAL, NULL);
+    int nranks = atoi(argv[1]);
+    bool full = argc > 3 && !strcmp(argv[3], "full");
+    if (nranks < 2 || nranks > 256)
+        die("-n takes 2..256 ranks", -EINVAL, NULL);
+    char peers[160], port[16];
+    snprintf(peers, sizeof peers, "%s slots=%d", argv[2], nranks);
+    snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    setenv("MW_PEERS", peers, 1);
+    setenv("MW_PORT", port, 1);
+    pid_t pids[256];
+    for (int r = 0; r < nranks; r++) {
+        char rs[16];
+        snprintf(rs, sizeof rs, "%d", r);
+        if ((pids[r] = fork()) == 0) {
+            setenv("MW_RANK", rs, 1);
+            _exit(scale_rank(full));
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    return bad ? 1 : 0;
+}
+
 /* --- loop stalls: the longest mw_ctx_progress() call ------------------------- */
 
 /* The longest single mw_ctx_progress() call: its wall time, and the CPU
@@ -1165,6 +1255,8 @@ int main(int argc, char **argv)
         return connect_bench(argv[2], atoi(argv[3]), 0);
     if (argc == 5 && !strcmp(argv[1], "idle"))
         return connect_bench(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc >= 5 && !strcmp(argv[1], "scale"))
+        return scale_bench(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "coll"))
         return coll_bench(argc - 2, argv + 2);
     if (argc >= 3 && !strcmp(argv[1], "lat"))

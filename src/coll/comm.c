@@ -6,7 +6,10 @@
  * none more, alltoall: all).  Of a pair the higher rank connects (retrying
  * while the other starts, up to opts.timeout_ms), the lower accepts; over
  * each connection the two exchange a hello -- who they are, the scratch
- * geometry, and the registered scratch region the other will write into.
+ * geometry, and the registered scratch region the other will write into:
+ * a 64-byte stub, shared by all peers, until a collective first needs to
+ * receive data from that peer; then its scratch is allocated and announced
+ * by a message of the hello's format (a barrier's peers never get one).
  * Then one receive stays pending on every connection: with the keepalive
  * it turns a peer's death into a failure of what still needs it.
  * Closing (mw_comm_close) says goodbye to every connected peer and waits
@@ -35,6 +38,10 @@
  * formats would wait for connections never made or misread each other's
  * immediates, so one refuses the other. */
 #define HELLO_MAGIC 0x4d574333u   /* "MWC3" */
+#define SCRATCH_MAGIC 0x4d574353u /* "MWCS": a hello's later announcement of scratch */
+/* Where zero-length writes point before that: smaller than any scratch,
+ * so its length tells a stub from a scratch. */
+#define STUB_BYTES 64u
 static const uint32_t older_magics[] = {
     0x4d574332u,                  /* "MWC2": meshwire before 2026-11-28 */
     0x4d57434eu,                  /* "MWCN": before 2026-11-26 */
@@ -141,6 +148,7 @@ void mw__comm_unref(struct mw__comm *comm)
     }
     if (comm->deadline)
         event_free(comm->deadline);
+    mw_free(comm->ctx, comm->stub);
     for (int r = 0; comm->addrs && r < comm->nranks; r++)
         mw__free(comm->addrs[r]);
     mw__free(comm->addrs);
@@ -173,19 +181,23 @@ struct mw__watch {
     struct mw__cb cb;
 };
 
-/* No messages travel after the hello: a receive completing means the peer
- * broke the protocol; failing means the connection is gone. */
+static void watch(struct mw__peer *p);
+static bool take_scratch(struct mw__peer *p, const mw_msg_t *m);
+
+/* The one message that travels after the hello is the peer's scratch
+ * announcement: another means the peer broke the protocol; a failed
+ * receive, that the connection is gone. */
 static void on_watch(mw_future_t *f, void *arg)
 {
     struct mw__watch *w = arg;
     struct mw__peer *p = w->p;
     if (p) {
         p->watch = NULL;
-        if (mw_future_state(f) == MW_FUTURE_DONE)
+        if (mw_future_state(f) != MW_FUTURE_DONE)
+            mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
+        else if (!take_scratch(p, mw_future_value(f)))
             mw__comm_abort(p->comm, MW__ABORT_MISMATCH, p->rank, -EPROTO,
                            "rank %d sent an unexpected message", p->rank);
-        else
-            mw__peer_gone(p, mw_future_error(f), mw_future_message(f));
     }
     if (mw_future_state(f) == MW_FUTURE_DONE)
         mw_msg_free(mw_future_value(f));
@@ -228,18 +240,23 @@ static void on_hello_sent(mw_future_t *f, void *arg)
     mw__free(arg);
 }
 
-/* Our hello on @c, with the scratch @c's peer writes into (none: only to
- * tell a peer that disagrees what we are). */
-static int send_hello(struct mw__comm *comm, mw_conn_t *c, uint8_t *scratch)
+/* Our hello (or, with SCRATCH_MAGIC, our scratch announcement) on @c,
+ * with the region @c's peer writes into: @p's scratch, else the stub (no
+ * peer: none, only to tell a peer that disagrees what we are). */
+static int send_hello(struct mw__comm *comm, mw_conn_t *c, struct mw__peer *p, uint32_t magic)
 {
     struct hello_out *o = mw__malloc(sizeof *o);
     if (!o)
         return -ENOMEM;
-    o->m = (struct hello){.magic = HELLO_MAGIC, .rank = (uint32_t)comm->rank,
+    o->m = (struct hello){.magic = magic, .rank = (uint32_t)comm->rank,
                           .nranks = (uint32_t)comm->nranks, .slots = comm->opts.slots,
                           .slot_size = comm->opts.slot_size,
                           .algo = (uint32_t)comm->allreduce_algo, .job = comm->job};
-    int rc = scratch ? mw_mem_export(c, scratch, scratch_bytes(comm), &o->m.scratch) : 0;
+    int rc = !p            ? 0
+             : p->scratch ? mw_mem_export(c, p->scratch, scratch_bytes(comm), &o->m.scratch)
+                          : mw_mem_export(c, comm->stub, STUB_BYTES, &o->m.scratch);
+    if (p && p->scratch && !rc)
+        p->scratch_sent = true;
     mw_future_t *f = rc ? NULL : mw_send(c, &o->m, sizeof o->m);
     if (!f) {
         mw__free(o);
@@ -280,7 +297,7 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
         return "scratch geometry differs";
     if ((int)h->algo != comm->allreduce_algo)
         return "MW_ALLREDUCE_ALGO differs";
-    if (h->scratch.len < scratch_bytes(comm))
+    if (h->scratch.len < STUB_BYTES)
         return "scratch too small";
     return NULL;
 }
@@ -295,6 +312,7 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
 {
     struct mw__comm *comm = p->comm;
     p->remote = h->scratch;
+    p->remote_full = h->scratch.len >= scratch_bytes(comm);
     p->ready = true;
     watch(p);
     if (p->gone) {                /* what needs it fails; at creation, everything */
@@ -314,17 +332,45 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
     mw__coll_advance(comm);       /* a collective may have waited for it */
 }
 
+/* The peer's scratch announcement: where its scratch for us is now. */
+static bool take_scratch(struct mw__peer *p, const mw_msg_t *m)
+{
+    const struct hello *h = m->data;
+    if (m->len != sizeof *h || h->magic != SCRATCH_MAGIC || (int)h->rank != p->rank ||
+        h->job != p->comm->job || h->scratch.len < scratch_bytes(p->comm))
+        return false;
+    p->remote = h->scratch;
+    p->remote_full = true;
+    watch(p);
+    mw__coll_advance(p->comm);    /* a step may wait to write to it */
+    return true;
+}
+
+void mw__comm_need_scratch(struct mw__comm *comm, int r)
+{
+    struct mw__peer *p = &comm->peers[r];
+    if (!p->scratch && !(p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm)))) {
+        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, -ENOMEM,
+                       "no memory for rank %d's scratch", r);
+        return;
+    }
+    /* Not yet connected: its hello will carry it. */
+    if (p->ready && !p->gone && !p->scratch_sent &&
+        send_hello(comm, p->conn, p, SCRATCH_MAGIC) < 0)
+        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, -ENOMEM,
+                       "cannot announce rank %d's scratch", r);
+}
+
 static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
 {
     struct mw__peer *p = &comm->peers[r];
     if (p->conn)
         return -EEXIST;
     p->conn = c;
-    if (!p->scratch)              /* kept from an attempt that was dropped */
-        p->scratch = mw_alloc(comm->ctx, scratch_bytes(comm));
+    p->scratch_sent = false;      /* an attempt that was dropped sent it to nobody */
     if (!p->imm)
         p->imm = mw__calloc(comm->opts.slots, sizeof *p->imm);
-    if (!p->scratch || !p->imm)
+    if (!p->imm)
         return -ENOMEM;
     /* Now, not when its hello is read: the peer may finish creating the
      * communicator and write its first chunk right after its hello, and
@@ -364,7 +410,8 @@ static void refuse_own_rank(struct mw__comm *comm, mw_conn_t *c, int r, const ch
 {
     mw__comm_tell_abort(comm, MW__ABORT_MISMATCH, r);   /* ranks connected to us fail too */
     struct refusal *x = mw__malloc(sizeof *x);
-    mw_future_t *closed = x && send_hello(comm, c, NULL) == 0 ? mw_conn_close(c) : NULL;
+    mw_future_t *closed = x && send_hello(comm, c, NULL, HELLO_MAGIC) == 0 ? mw_conn_close(c)
+                                                                          : NULL;
     if (!closed) {
         mw__free(x);
         mw_conn_abort(c);
@@ -396,7 +443,7 @@ static void on_accepted_hello(mw_future_t *f, void *arg)
     } else if (bad) {
         MW_LOG(comm->ctx, MW_LOG_WARN, "communicator rank %d: refused a peer: %s", comm->rank, bad);
         mw_conn_abort(a->conn);
-    } else if (send_hello(comm, a->conn, comm->peers[r].scratch) < 0) {
+    } else if (send_hello(comm, a->conn, &comm->peers[r], HELLO_MAGIC) < 0) {
         mw__comm_fail(comm, -ENOMEM, "cannot answer rank %d", r);
     } else {
         peer_ready(&comm->peers[r], m->data);
@@ -507,7 +554,7 @@ static void on_connected(mw_future_t *f, void *arg)
         mw_conn_t *c = mw_future_value(f);
         struct mw__peer *p = &comm->peers[k->rank];
         mw_future_t *h = NULL;
-        if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, c, p->scratch) < 0 ||
+        if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, c, p, HELLO_MAGIC) < 0 ||
             !(h = mw_recv(c))) {
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
         } else {                  /* the attempt lives on until the hello is in */
@@ -615,7 +662,8 @@ static int own_listen_addr(const char *entry, unsigned dflt, char *buf, size_t c
  * and dial the ring neighbours below us; those above dial us. */
 static int start(struct mw__comm *comm, const char *const *peers)
 {
-    if (!(comm->addrs = mw__calloc(comm->nranks, sizeof *comm->addrs)))
+    if (!(comm->addrs = mw__calloc(comm->nranks, sizeof *comm->addrs)) ||
+        !(comm->stub = mw_alloc(comm->ctx, STUB_BYTES)))
         return -ENOMEM;
     for (int r = 0; r < comm->nranks; r++)
         if (!(comm->addrs[r] = mw__strdup(peers[r])))

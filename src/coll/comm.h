@@ -25,7 +25,10 @@ struct mw__peer {
     int rank;
     mw_conn_t *conn;
     mw_remote_t remote;           /* its scratch, which I write into */
-    uint8_t *scratch;             /* mine, which it writes into */
+    bool remote_full;             /* remote is its scratch, not its stub */
+    uint8_t *scratch;             /* mine, which it writes into (once a
+                                     collective receives data from it) */
+    bool scratch_sent;            /* it knows where mine is */
     uint64_t sent, acked;         /* chunks written to it / acks it returned */
     uint64_t written;             /* of those, writes completed (in order: RC) */
     uint64_t arrived, consumed;   /* chunks it wrote to me / I have taken */
@@ -52,6 +55,7 @@ struct mw__comm {
     mw_comm_opts_t opts;
     struct mw__peer *peers;       /* indexed by rank; peers[rank] unused */
     char **addrs;                 /* each rank's entry, to connect when needed */
+    uint8_t *stub;                /* what peers without scratch point at */
     mw_listener_t *listener;
     mw_future_t *create_f;
     struct event *deadline;
@@ -96,6 +100,9 @@ void mw__peer_gone(struct mw__peer *p, int err, const char *why);
  * pairs its sends and receives, so @r needs us in the same collective).
  * When it is ready, or gone, the queue advances. */
 void mw__comm_need(struct mw__comm *comm, int r);
+/* mw__comm_need_scratch() - a collective will receive data from rank @r:
+ * allocate its scratch, and tell it where (now, or in the hello). */
+void mw__comm_need_scratch(struct mw__comm *comm, int r);
 /* mw__peer_said_bye() - @p closed the communicator: nothing more comes
  * from it; collectives that still need it fail. */
 void mw__peer_said_bye(struct mw__peer *p);

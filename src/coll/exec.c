@@ -235,9 +235,10 @@ static bool post_sends(struct mw__run *k)
         uint64_t slot = p->sent % k->comm->opts.slots;
         unsigned ride = p->unacked < IMM_RIDE_MAX ? p->unacked : IMM_RIDE_MAX;
         struct chunk *ch = mw__malloc(sizeof *ch);
+        /* (a zero-length write points at offset 0: the peer's stub will do) */
         mw_future_t *f = ch ? mw_write_imm(p->conn, n ? k->src + off * k->esz : NULL,
                                            n * k->esz, &p->remote,
-                                           slot * k->comm->opts.slot_size,
+                                           n ? slot * k->comm->opts.slot_size : 0,
                                            imm_of(k, k->step) | ride << IMM_RIDE_SHIFT)
                             : NULL;
         if (!f || mw_future_error(f) == -ENOMEM) {
@@ -375,17 +376,21 @@ static void need_peers(struct mw__run *k)
             mw__comm_need(k->comm, st->send_to);
         if (st->recv_from >= 0)
             mw__comm_need(k->comm, st->recv_from);
+        if (st->recv_from >= 0 && st->recv_len)
+            mw__comm_need_scratch(k->comm, st->recv_from);
     }
     k->peers_asked = true;
 }
 
-/* Whether this step's peers are connected (a gone one is the lost-peer
- * check's to report). */
+/* Whether this step's peers are connected, and the one it sends data to
+ * has announced its scratch (a gone one is the lost-peer check's to
+ * report). */
 static bool step_peers_ready(const struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
     const struct mw__peer *peers = k->comm->peers;
-    return (st->send_to < 0 || peers[st->send_to].ready) &&
+    return (st->send_to < 0 ||
+            (peers[st->send_to].ready && (!st->send_len || peers[st->send_to].remote_full))) &&
            (st->recv_from < 0 || peers[st->recv_from].ready);
 }
 

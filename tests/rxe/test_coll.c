@@ -595,22 +595,30 @@ static void check_lazy(mw_comm_t *comm)
     }
 }
 
-/* Ranks 3 and 6 of 8 die after a first allreduce; the survivors' next one
- * fails, and they shrink the communicator to the six of them and compute
- * exactly again.  Returns the new communicator (or NULL). */
+/* Ranks 3 and 6 of 8 die after a first allreduce; the survivors see it
+ * fail (or, if they finished it before word of the loss reached them --
+ * every rank breaks on it, ready or not -- the next one), and they shrink
+ * the communicator to the six of them and compute exactly again.  Returns
+ * the new communicator (or NULL). */
 static mw_comm_t *check_shrink(mw_comm_t *comm, int rank)
 {
-    check_allreduce(comm, MW_F32, MW_SUM, 1024, false);
-    if (rank == 3 || rank == 6)
-        raise(SIGKILL);
     float x[1024] = {0};
-    mw_future_t *f = mw_allreduce(comm, x, x, 1024, MW_F32, MW_SUM);
-    mw_future_set_timeout(f, 60000);
-    int rc = mw_wait(f);
+    int rc = 0;
+    mw_future_t *f = NULL;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (i == 1 && (rank == 3 || rank == 6))
+            raise(SIGKILL);
+        mw_future_unref(f);
+        f = mw_allreduce(comm, x, x, 1024, MW_F32, MW_SUM);
+        mw_future_set_timeout(f, 60000);
+        rc = mw_wait(f);
+    }
     fprintf(stderr, "rank %d: allreduce without ranks 3 and 6: %s (%s)\n", rank, mw_strerror(rc),
             mw_future_message(f));
     CHECK(rc != 0 && rc != -ETIMEDOUT, "rank %d: the lost ranks went unnoticed", rank);
     mw_future_unref(f);
+    if (rank == 3 || rank == 6)
+        raise(SIGKILL);           /* its first allreduce failed: it goes all the same */
     const int self[] = {rank}, twice[] = {3, 3}, lost[] = {6, 3};
     f = mw_comm_shrink(comm, self, 1, NULL);
     CHECK(mw_wait(f) == -EINVAL, "excluding itself");
@@ -849,14 +857,22 @@ static void ranks_8(void **s)
         skip();
     run_ranks(8, "all");
 }
-static void lazy_8(void **s) { (void)s; run_ranks(8, "lazy"); }
+static void lazy_8(void **s)
+{
+    (void)s;
+    if (getenv("MW_TEST_QUICK"))
+        skip();
+    run_ranks(8, "lazy");
+}
 static void shrink_8(void **s) { (void)s; run_ranks(8, "shrink"); }
-/* 16 ranks close right after their last barrier, three times over */
+/* 16 ranks close right after their last barrier, three times over (the
+ * sanitizer runs: 8 ranks, once) */
 static void close_16(void **s)
 {
     (void)s;
-    for (int i = 0; i < (getenv("MW_TEST_QUICK") ? 1 : 3); i++)
-        run_ranks(16, "close");
+    bool quick = getenv("MW_TEST_QUICK");
+    for (int i = 0; i < (quick ? 1 : 3); i++)
+        run_ranks(quick ? 8 : 16, "close");
 }
 static void mismatch_3(void **s) { (void)s; run_ranks(3, "mismatch"); }
 static void multiaddr_3(void **s) { (void)s; run_ranks(3, "multiaddr"); }

@@ -2,7 +2,8 @@
  * and written; the store restarted under transfers in flight; a
  * communicator of 3 ranks (processes) formed through Redis, past a stale
  * entry of an earlier run; one that cannot form names who is missing; a
- * rank 0 that restarts with a new run makes the others start over. */
+ * rank 0 that restarts with a new run makes the others start over; a rank
+ * that dies, restarted, rejoins the survivors' communicator. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -170,7 +171,45 @@ static void connect_by_name_reaches_shared_regions(void **state)
  * Communicators
  * ------------------------------------------------------------------------ */
 
-/* One rank: form "JOB" through the directory, allreduce, barrier. */
+static int allreduce_ok(mw_comm_t *comm, int rank, int nranks)
+{
+    int32_t v[1000], sum[1000];
+    for (int i = 0; i < 1000; i++)
+        v[i] = rank * 1000 + i;
+    mw_future_t *f = mw_allreduce(comm, v, sum, 1000, MW_INT32, MW_SUM);
+    mw_future_set_timeout(f, 60000);
+    int bad = mw_wait(f) != 0;
+    if (bad)
+        printf("rank %d: allreduce: %s\n", rank, mw_future_message(f));
+    mw_future_unref(f);
+    for (int i = 0; i < 1000 && !bad; i++)
+        bad = sum[i] != nranks * i + 1000 * nranks * (nranks - 1) / 2;
+    return bad;
+}
+
+/* A job "rejoin...": rank 2 dies after a first allreduce; ranks 0 and 1
+ * see their next one fail, free the communicator and form it again through
+ * the directory, where a restarted rank 2 (MW_TEST_RESTARTED) joins them. */
+static int lose_rank_2_and_reform(mw_directory_t *d, const char *job, int rank, int nranks,
+                                  const mw_comm_opts_t *co, mw_comm_t **comm)
+{
+    if (rank == 2)
+        raise(SIGKILL);
+    if (!allreduce_ok(*comm, rank, nranks))
+        return 1;                             /* rank 2's loss went unnoticed */
+    mw_comm_free(*comm);
+    *comm = NULL;
+    mw_future_t *cf = mw_dir_comm_create(d, job, rank, nranks, co);
+    int rc = mw_wait(cf);
+    printf("rank %d: formed again with the restarted rank 2: %s\n", rank,
+           rc ? mw_future_message(cf) : "ok");
+    if (!rc)
+        *comm = mw_future_value(cf);
+    mw_future_unref(cf);
+    return rc ? 1 : allreduce_ok(*comm, rank, nranks);
+}
+
+/* One rank: form "JOB" through the directory, allreduce, close. */
 static int rank_main(const char *job, int rank, int nranks, unsigned timeout_ms)
 {
     mw_ctx_t *ctx;
@@ -201,15 +240,14 @@ static int rank_main(const char *job, int rank, int nranks, unsigned timeout_ms)
     }
     mw_comm_t *comm = mw_future_value(cf);
     mw_future_unref(cf);
-    int32_t v[1000], sum[1000];
-    for (int i = 0; i < 1000; i++)
-        v[i] = rank * 1000 + i;
-    int bad = mw_wait(mw_allreduce(comm, v, sum, 1000, MW_INT32, MW_SUM)) != 0;
-    for (int i = 0; i < 1000 && !bad; i++)
-        bad = sum[i] != nranks * i + 1000 * nranks * (nranks - 1) / 2;
-    bad += mw_wait(mw_barrier(comm)) != 0;
-    loop_for(ctx, 500);                       /* meshwire.h, mw_comm_free */
-    mw_comm_free(comm);
+    int bad = allreduce_ok(comm, rank, nranks);
+    if (!bad && !strncmp(job, "rejoin", 6) && !getenv("MW_TEST_RESTARTED"))
+        bad = lose_rank_2_and_reform(d, job, rank, nranks, &co, &comm);
+    if (comm) {
+        mw_future_t *closed = mw_comm_close(comm);
+        bad += mw_wait(closed) != 0;
+        mw_future_unref(closed);
+    }
     mw_dir_free(d);
     mw_ctx_free(ctx);
     printf("rank %d: %s\n", rank, bad ? "wrong result" : "ok");
@@ -285,6 +323,23 @@ static void comm_restarted_rank0_starts_over(void **state)
     assert_int_equal(reap(p2), 0);
 }
 
+/* A rank that dies is restarted and rejoins: the survivors form the
+ * communicator again through the directory, with it. */
+static void comm_restarted_rank_rejoins(void **state)
+{
+    (void)state;
+    pid_t p[3];
+    for (int r = 0; r < 3; r++)
+        p[r] = spawn_rank("rejoin5", r, 3, 60000);
+    assert_int_equal(reap(p[2]), 128 + SIGKILL);
+    setenv("MW_TEST_RESTARTED", "1", 1);
+    pid_t again = spawn_rank("rejoin5", 2, 3, 60000);
+    unsetenv("MW_TEST_RESTARTED");
+    assert_int_equal(reap(again), 0);
+    assert_int_equal(reap(p[0]), 0);
+    assert_int_equal(reap(p[1]), 0);
+}
+
 /* The impatient caller: cancelled while it waits for ranks that never
  * come, it stops at once and takes its entry back. */
 static void comm_cancelled_takes_its_entry_back(void **state)
@@ -341,6 +396,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(comm_forms_past_a_stale_entry),
         cmocka_unit_test(comm_missing_rank_is_named),
         cmocka_unit_test(comm_restarted_rank0_starts_over),
+        cmocka_unit_test(comm_restarted_rank_rejoins),
         cmocka_unit_test(comm_cancelled_takes_its_entry_back),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
