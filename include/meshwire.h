@@ -997,7 +997,10 @@ typedef struct mw_comm_opts {
                                    4 KiB..256 MiB */
     unsigned slots;           /**< scratch slots per peer (chunks in flight);
                                    default 4, 1..1024 */
-    mw_conn_opts_t conn;      /**< for the connections of the mesh */
+    mw_conn_opts_t conn;      /**< for the connections to the peers;
+                                   mw_comm_opts_init gives
+                                   mw_conn_opts_init's but slot_size 4096
+                                   (only hellos travel as messages) */
     const char *job;          /**< the job's identity, read during the call;
                                    NULL: MW_JOB, else the launcher's job id
                                    (SLURM_JOB_ID and SLURM_STEP_ID,

@@ -47,7 +47,9 @@
  *                                      right after creation first connects
  *                                      every pair (a full mesh, as meshwire
  *                                      made before 2026-11-28), and creation
- *                                      time includes it
+ *                                      time includes it.  ADDR "mesh": RANKS
+ *                                      on each node of a tools/rxe-vm mesh
+ *                                      (MW_NODE, MW_PEER_ADDRS), port 23400
  *   mwbench futures [N]               the future API alone, no RDMA: N futures
  *                                      made, given a callback, resolved and
  *                                      released (default 2,000,000), and the
@@ -771,15 +773,26 @@ static int scale_bench(int argc, char **argv)
     bool full = argc > 3 && !strcmp(argv[3], "full");
     if (nranks < 2 || nranks > 256)
         die("-n takes 2..256 ranks", -EINVAL, NULL);
-    char peers[160], port[16];
-    snprintf(peers, sizeof peers, "%s slots=%d", argv[2], nranks);
+    char peers[2048] = "", port[16], list[1024];
+    int first = 0;
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    if (!strcmp(argv[2], "mesh")) {   /* every node's address, RANKS times */
+        char *save = NULL;
+        snprintf(list, sizeof list, "%s", getenv("MW_PEER_ADDRS") ? getenv("MW_PEER_ADDRS") : "");
+        for (char *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save))
+            snprintf(peers + strlen(peers), sizeof peers - strlen(peers), "%s%s slots=%d",
+                     peers[0] ? " " : "", a, nranks);
+        first = getenv("MW_NODE") ? atoi(getenv("MW_NODE")) * nranks : 0;
+        snprintf(port, sizeof port, "23400");
+    } else {
+        snprintf(peers, sizeof peers, "%s slots=%d", argv[2], nranks);
+    }
     setenv("MW_PEERS", peers, 1);
     setenv("MW_PORT", port, 1);
     pid_t pids[256];
     for (int r = 0; r < nranks; r++) {
         char rs[16];
-        snprintf(rs, sizeof rs, "%d", r);
+        snprintf(rs, sizeof rs, "%d", first + r);
         if ((pids[r] = fork()) == 0) {
             setenv("MW_RANK", rs, 1);
             _exit(scale_rank(full));
