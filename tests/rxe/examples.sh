@@ -18,6 +18,7 @@ KV_AGENT_PY=${5:+$(realpath "$5")}
 IFS=, read -ra A <<<"${MW_ADDRS:?}"
 port=$((7200 + RANDOM % 400))
 st=0
+fail() { echo "FAIL: $*"; st=1; }
 
 # serve_once PORT [SERVER]: hello's server (or SERVER, as hello.py) in the
 # background, once it listens
@@ -37,8 +38,8 @@ for client in "$HELLO" "$EPOLL"; do
     serve_once "$port" || { st=1; continue; }
     target="${A[-1]}:$port"
     [[ $client == "$HELLO" ]] && target="${A[0]%.*}.254,$target"
-    timeout 60 "$client" "$target" || st=1
-    wait $server || st=1
+    timeout 60 "$client" "$target" || fail "$client (exit $?)"
+    wait $server || fail "hello server for $client (exit $?)"
     port=$((port + 1))
 done
 
@@ -46,8 +47,8 @@ if [[ -n $HELLO_PY ]]; then
     for pair in "$HELLO $HELLO_PY" "$HELLO_PY $HELLO"; do    # SERVER CLIENT
         read -r srv cli <<<"$pair"
         serve_once "$port" "$srv" || { st=1; continue; }
-        timeout 60 "$cli" "${A[-1]}:$port" || st=1
-        wait $server || st=1
+        timeout 60 "$cli" "${A[-1]}:$port" || fail "$cli against $srv (exit $?)"
+        wait $server || fail "$srv serving $cli (exit $?)"
         port=$((port + 1))
     done
 fi
@@ -58,7 +59,7 @@ pids=()
 for r in 0 1 2; do
     timeout 120 "$ALLREDUCE" "$r" "${entries[@]}" & pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p" || st=1; done
+for p in "${pids[@]}"; do wait "$p" || fail "an allreduce rank (exit $?)"; done
 
 # Through a directory (a redis-server of the test's own): byname's server
 # publishes ex/kv/0 sharing 1 MiB, its fetcher reads it knowing only the
@@ -68,22 +69,23 @@ if [[ -x /usr/bin/redis-server ]]; then
     sock=$(mktemp -u /tmp/examples-redis.XXXXXX)
     /usr/bin/redis-server --port 0 --unixsocket "$sock" --save '' --appendonly no \
         --loglevel warning >/dev/null & redis=$!
-    retry 10 test -S "$sock" || st=1
+    retry 10 test -S "$sock" || fail "redis-server never made its socket"
     log=$(mktemp)
     "$BYNAME" serve "unix:$sock" ex/kv/0 >"$log" 2>&1 & server=$!
     retry 20 grep -q published "$log" || { cat "$log"; st=1; }
-    timeout 60 "$BYNAME" fetch "unix:$sock" ex/kv/0 || st=1
+    timeout 60 "$BYNAME" fetch "unix:$sock" ex/kv/0 || fail "byname fetch (exit $?)"
     wait $server || { cat "$log"; st=1; }
     pids=()
     for r in 0 1 2; do
         timeout 120 "$ALLREDUCE" --dir "unix:$sock" ex-job "$r" 3 & pids+=($!)
     done
-    for p in "${pids[@]}"; do wait "$p" || st=1; done
+    for p in "${pids[@]}"; do wait "$p" || fail "an allreduce rank through the directory (exit $?)"; done
     if [[ -n $KV_AGENT_PY ]]; then
-        timeout 180 "$KV_AGENT_PY" decode "unix:$sock" ex-agent 8 >"$log" 2>&1 & server=$!
-        retry 60 grep -q listening "$log" || { cat "$log"; st=1; }
-        timeout 120 "$KV_AGENT_PY" prefill "unix:$sock" ex-agent 8 || st=1
-        wait $server || st=1
+        timeout 240 "$KV_AGENT_PY" decode "unix:$sock" ex-agent 8 >"$log" 2>&1 & server=$!
+        # (torch's import alone takes about a minute under emulation)
+        retry 150 grep -q listening "$log" || { cat "$log"; fail "kv_agent decode never listened"; }
+        timeout 120 "$KV_AGENT_PY" prefill "unix:$sock" ex-agent 8 || fail "kv_agent prefill (exit $?)"
+        wait $server || fail "kv_agent decode (exit $?)"
         cat "$log"
         [[ $(grep -c "in place" "$log") == 8 ]] || { echo "FAIL: kv_agent: 8 requests in place"; st=1; }
     fi
