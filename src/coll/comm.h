@@ -10,6 +10,7 @@
 #include "meshwire.h"
 #include "core/ctx.h"
 #include "core/future.h"
+#include "core/handle.h"
 #include "core/list.h"
 
 struct mw__run;
@@ -85,6 +86,33 @@ static inline bool mw__comm_freed(const struct mw__comm *comm)
 {
     return !comm->h;
 }
+/* The owner's handle of @comm. */
+static inline mw_comm_t *mw__comm_handle(const struct mw__comm *comm)
+{
+    return MW__HANDLE_PTR(mw_comm_t, comm->h);
+}
+/* The scratch a connected peer writes into, in bytes. */
+static inline size_t mw__comm_scratch_bytes(const struct mw__comm *comm)
+{
+    return (size_t)comm->opts.slots * comm->opts.slot_size;
+}
+/* mw__comm_release() - let go of the connections and the owner's handle
+ * (callbacks in flight keep the rest until they end). */
+void mw__comm_release(struct mw__comm *comm);
+/* mw__comm_close() - leave now: fail everything with -ECANCELED and @why,
+ * then release (mw_comm_free, a cancelled close or creation, a shrink). */
+void mw__comm_close(struct mw__comm *comm, const char *why);
+
+/* peers.c */
+/* mw__comm_start() - listen at this rank's entry's port, dial the ring
+ * neighbours below, and arm the creation's deadline; @peers are kept. */
+int mw__comm_start(struct mw__comm *comm, const char *const *peers);
+/* mw__comm_drop_retries() - connection attempts waiting to retry stop. */
+void mw__comm_drop_retries(struct mw__comm *comm);
+/* mw__peer_unwatch() - the receive pending on @p's connection no longer
+ * reports to it (the communicator lets go). */
+void mw__peer_unwatch(struct mw__peer *p);
+
 /* mw__comm_job_id() - the job a communicator created with @opts belongs to
  * (opts->job, else MW_JOB, else the launcher's job id; hashed). */
 uint64_t mw__comm_job_id(const mw_comm_opts_t *opts);
