@@ -126,11 +126,13 @@ void mw__peer_gone(struct mw__peer *p, int err, const char *why);
 /* mw__comm_need() - a collective needs rank @r: connect to it if it is
  * below us and not connected (it connects to us otherwise: every schedule
  * pairs its sends and receives, so @r needs us in the same collective).
- * When it is ready, or gone, the queue advances. */
-void mw__comm_need(struct mw__comm *comm, int r);
+ * When it is ready, or gone, the queue advances.  0, or -ENOMEM (nothing
+ * was done; the caller breaks the communicator). */
+int mw__comm_need(struct mw__comm *comm, int r);
 /* mw__comm_need_scratch() - a collective will receive data from rank @r:
- * allocate its scratch, and tell it where (now, or in the hello). */
-void mw__comm_need_scratch(struct mw__comm *comm, int r);
+ * allocate its scratch, and tell it where (now, or in the hello).  0, or
+ * -ENOMEM (the caller breaks the communicator). */
+int mw__comm_need_scratch(struct mw__comm *comm, int r);
 /* mw__peer_said_bye() - @p closed the communicator: nothing more comes
  * from it; collectives that still need it fail. */
 void mw__peer_said_bye(struct mw__peer *p);
@@ -166,8 +168,8 @@ enum mw__abort_why {
  * naming @culprit, so ranks waiting on ranks that gave up fail too. */
 void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, int err,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* mw__comm_tell_abort() - only the telling: every live, connected peer
- * learns that this rank breaks because of @culprit. */
+/* mw__comm_tell_abort() - only the telling: every connected peer learns
+ * that this rank breaks because of @culprit. */
 void mw__comm_tell_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit);
 
 #endif

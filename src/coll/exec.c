@@ -367,19 +367,23 @@ static const struct mw__peer *peer_still_needed_but_gone(const struct mw__run *k
 }
 
 /* Ask for a connection to every peer of @k's schedule, once: those not
- * yet connected are dialled (or dial us) while the first steps run. */
-static void need_peers(struct mw__run *k)
+ * yet connected are dialled (or dial us) while the first steps run.
+ * 0, or -ENOMEM (nothing has failed yet: the caller breaks the
+ * communicator, @k with it). */
+static int need_peers(struct mw__run *k)
 {
-    for (int i = 0; i < k->s.nsteps; i++) {
+    int rc = 0;
+    k->peers_asked = true;
+    for (int i = 0; i < k->s.nsteps && !rc; i++) {
         const struct mw__step *st = &k->s.steps[i];
         if (st->send_to >= 0)
-            mw__comm_need(k->comm, st->send_to);
-        if (st->recv_from >= 0)
-            mw__comm_need(k->comm, st->recv_from);
-        if (st->recv_from >= 0 && st->recv_len)
-            mw__comm_need_scratch(k->comm, st->recv_from);
+            rc = mw__comm_need(k->comm, st->send_to);
+        if (!rc && st->recv_from >= 0)
+            rc = mw__comm_need(k->comm, st->recv_from);
+        if (!rc && st->recv_from >= 0 && st->recv_len)
+            rc = mw__comm_need_scratch(k->comm, st->recv_from);
     }
-    k->peers_asked = true;
+    return rc;
 }
 
 /* Whether this step's peers are connected, and the one it sends data to
@@ -400,8 +404,12 @@ static bool advance_one(struct mw__run *k)
 {
     if (k->regs_pending)
         return false;             /* its buffers are being registered */
-    if (!k->peers_asked)
-        need_peers(k);
+    if (!k->peers_asked && need_peers(k) < 0) {
+        mw__comm_abort(k->comm, MW__ABORT_LOCAL, k->comm->rank, -ENOMEM,
+                       "%s on rank %d: no memory to reach its peers",
+                       mw__coll_name(k->s.kind), k->comm->rank);
+        return true;              /* finished (failed) through mw__comm_abort */
+    }
     while (k->step < k->s.nsteps) {
         if (!k->started) {
             local_copy(k);
@@ -473,12 +481,15 @@ void mw__comm_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit, 
     mw__comm_fail(comm, err, "%s", msg);
 }
 
+/* Gone peers too: one may be gone by a failure on this side (no memory to
+ * receive from it) with its connection up and its collective waiting for
+ * us; on a connection that is down the write just fails. */
 void mw__comm_tell_abort(struct mw__comm *comm, enum mw__abort_why why, int culprit)
 {
     uint32_t imm = IMM_ACK | IMM_ABORT | (uint32_t)why << 24 | ((uint32_t)culprit & IMM_LOW_MASK);
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
-        if (r != comm->rank && p->conn && p->ready && !p->gone)
+        if (r != comm->rank && p->conn && p->ready)
             mw_future_unref(mw_write_imm(p->conn, NULL, 0, &p->remote, 0, imm));
     }
 }

@@ -132,18 +132,19 @@ static int send_hello(struct mw__comm *comm, mw_conn_t *c, struct mw__peer *p, u
     int rc = !p            ? 0
              : p->scratch ? mw_mem_export(c, p->scratch, mw__comm_scratch_bytes(comm), &o->m.scratch)
                           : mw_mem_export(c, comm->stub, STUB_BYTES, &o->m.scratch);
-    if (p && p->scratch && !rc)
-        p->scratch_sent = true;
     mw_future_t *f = rc ? NULL : mw_send(c, &o->m, sizeof o->m);
     if (!f) {
         mw__free(o);
         return rc ? rc : -ENOMEM;
     }
     rc = mw_future_error(f) == -ENOMEM ? -ENOMEM : 0;
-    if (rc)                       /* refused at once: no hello will go */
+    if (rc) {                     /* refused at once: no hello will go */
         mw__free(o);
-    else                          /* a failure of the connection is seen by the receive */
+    } else {                      /* a failure of the connection is seen by the receive */
         mw__future_then_in(f, &o->sent, on_hello_sent, o);
+        if (p && p->scratch)
+            p->scratch_sent = true;
+    }
     mw_future_unref(f);
     return rc;
 }
@@ -223,19 +224,15 @@ static bool take_scratch(struct mw__peer *p, const mw_msg_t *m)
     return true;
 }
 
-void mw__comm_need_scratch(struct mw__comm *comm, int r)
+int mw__comm_need_scratch(struct mw__comm *comm, int r)
 {
     struct mw__peer *p = &comm->peers[r];
-    if (!p->scratch && !(p->scratch = mw_alloc(comm->ctx, mw__comm_scratch_bytes(comm)))) {
-        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, -ENOMEM,
-                       "no memory for rank %d's scratch", r);
-        return;
-    }
+    if (!p->scratch && !(p->scratch = mw_alloc(comm->ctx, mw__comm_scratch_bytes(comm))))
+        return -ENOMEM;
     /* Not yet connected: its hello will carry it. */
-    if (p->ready && !p->gone && !p->scratch_sent &&
-        send_hello(comm, p->conn, p, SCRATCH_MAGIC) < 0)
-        mw__comm_abort(comm, MW__ABORT_LOCAL, comm->rank, -ENOMEM,
-                       "cannot announce rank %d's scratch", r);
+    if (p->ready && !p->gone && !p->scratch_sent)
+        return send_hello(comm, p->conn, p, SCRATCH_MAGIC);
+    return 0;
 }
 
 static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
@@ -502,13 +499,12 @@ static int dial(struct mw__comm *comm, int r)
     return 0;
 }
 
-void mw__comm_need(struct mw__comm *comm, int r)
+int mw__comm_need(struct mw__comm *comm, int r)
 {
     struct mw__peer *p = &comm->peers[r];
     if (r >= comm->rank || p->conn || p->dialing || p->gone || comm->err)
-        return;
-    if (dial(comm, r) < 0)
-        mw__peer_gone(p, -ENOMEM, "no memory to connect to it");
+        return 0;
+    return dial(comm, r);
 }
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
@@ -553,11 +549,13 @@ int mw__comm_start(struct mw__comm *comm, const char *const *peers)
         rc = mw_listen(comm->ctx, la, &comm->opts.conn, on_accept, comm, &comm->listener);
     if (rc < 0)
         return rc;
-    for (int r = 0; r < comm->nranks; r++)
-        if (is_ring_neighbour(comm, r)) {
-            comm->ring_left++;
-            mw__comm_need(comm, r);
-        }
+    for (int r = 0; r < comm->nranks; r++) {
+        if (!is_ring_neighbour(comm, r))
+            continue;
+        comm->ring_left++;
+        if (r < comm->rank && (rc = dial(comm, r)) < 0)
+            return rc;            /* the creation fails now, not at its deadline */
+    }
     struct timeval tv = {comm->opts.timeout_ms / 1000, (comm->opts.timeout_ms % 1000) * 1000};
     return mw__ev_add(comm->ctx, comm->deadline, &tv);
 }
