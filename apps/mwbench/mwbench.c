@@ -594,6 +594,41 @@ static int coll_wrong(int op, const float *out, size_t count, int rank, int n)
     }
 }
 
+/* Leave the communicator together with the other ranks. */
+static void close_comm(mw_comm_t *comm)
+{
+    mw_future_t *closed = mw_comm_close(comm);
+    mw_wait(closed);
+    mw_future_unref(closed);
+}
+
+/* Ranks @first .. @first + @nranks - 1 of the job MW_PEERS=@peers (port
+ * @port on), each a process forked before any RDMA resource exists and
+ * running @rank_main(@arg) with MW_RANK set, as under a launcher; 0 when
+ * every one exited 0. */
+static int fork_ranks(const char *peers, const char *port, int nranks, int first,
+                      int (*rank_main)(const void *), const void *arg)
+{
+    setenv("MW_PEERS", peers, 1);
+    setenv("MW_PORT", port, 1);
+    pid_t pids[256];
+    for (int r = 0; r < nranks; r++) {
+        char rs[16];
+        snprintf(rs, sizeof rs, "%d", first + r);
+        if ((pids[r] = fork()) == 0) {
+            setenv("MW_RANK", rs, 1);
+            _exit(rank_main(arg));
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    return bad ? 1 : 0;
+}
+
 /* One rank: the communicator's creation time, then for each size a warm-up
  * and enough iterations to move about 32 MiB (5..500), between barriers;
  * rank 0 prints the mean.  BYTES is the result buffer per rank (allgather,
@@ -655,39 +690,30 @@ static int coll_rank(int op, int nsizes, char **sizes)
         if (op == 8)
             break;                                   /* a barrier has no size */
     }
-    mw_future_t *closed = mw_comm_close(comm);
-    mw_wait(closed);
-    mw_future_unref(closed);
+    close_comm(comm);
     mw_ctx_free(ctx);
     return bad ? 1 : 0;
 }
 
-/* -n RANKS: this host runs the whole job, one process a rank (forked before
- * any RDMA resource exists), each finding its rank in the environment as
- * under a launcher. */
+struct coll_args {
+    int op, nsizes;
+    char **sizes;
+};
+
+static int coll_rank_main(const void *arg)
+{
+    const struct coll_args *a = arg;
+    return coll_rank(a->op, a->nsizes, a->sizes);
+}
+
+/* -n RANKS: this host runs the whole job, one process a rank. */
 static int coll_local(const char *addr, int nranks, int op, int nsizes, char **sizes)
 {
     char peers[160], port[16];
     snprintf(peers, sizeof peers, "%s slots=%d", addr, nranks);
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
-    setenv("MW_PEERS", peers, 1);
-    setenv("MW_PORT", port, 1);
-    pid_t pids[64];
-    for (int r = 0; r < nranks; r++) {
-        char rs[16];
-        snprintf(rs, sizeof rs, "%d", r);
-        if ((pids[r] = fork()) == 0) {
-            setenv("MW_RANK", rs, 1);
-            _exit(coll_rank(op, nsizes, sizes));
-        }
-    }
-    int bad = 0;
-    for (int r = 0; r < nranks; r++) {
-        int st;
-        waitpid(pids[r], &st, 0);
-        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-    }
-    return bad ? 1 : 0;
+    struct coll_args a = {op, nsizes, sizes};
+    return fork_ranks(peers, port, nranks, 0, coll_rank_main, &a);
 }
 
 static int coll_bench(int argc, char **argv)
@@ -728,8 +754,9 @@ static double allreduce_us(mw_comm_t *comm, float *x, size_t count, int iters)
     return (now() - t0) / iters * 1e6;
 }
 
-static int scale_rank(bool full)
+static int scale_rank(const void *arg)
 {
+    bool full = *(const bool *)arg;
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
     double t0 = now();
@@ -756,15 +783,13 @@ static int scale_rank(bool full)
            full ? "full" : "lazy", n, rank, created, st.connections,
            st.scratch_bytes / 1048576.0, ru.ru_maxrss / 1024.0, small, big, rss_created);
     fflush(stdout);
-    mw_future_t *closed = mw_comm_close(comm);
-    mw_wait(closed);
-    mw_future_unref(closed);
+    close_comm(comm);
     mw_free(ctx, x);
     mw_ctx_free(ctx);
     return 0;
 }
 
-/* -n RANKS processes on ADDR, forked before any RDMA resource exists. */
+/* -n RANKS processes on ADDR, or on each node of a mesh. */
 static int scale_bench(int argc, char **argv)
 {
     if (argc < 3 || strcmp(argv[0], "-n"))
@@ -787,24 +812,7 @@ static int scale_bench(int argc, char **argv)
     } else {
         snprintf(peers, sizeof peers, "%s slots=%d", argv[2], nranks);
     }
-    setenv("MW_PEERS", peers, 1);
-    setenv("MW_PORT", port, 1);
-    pid_t pids[256];
-    for (int r = 0; r < nranks; r++) {
-        char rs[16];
-        snprintf(rs, sizeof rs, "%d", first + r);
-        if ((pids[r] = fork()) == 0) {
-            setenv("MW_RANK", rs, 1);
-            _exit(scale_rank(full));
-        }
-    }
-    int bad = 0;
-    for (int r = 0; r < nranks; r++) {
-        int st;
-        waitpid(pids[r], &st, 0);
-        bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-    }
-    return bad ? 1 : 0;
+    return fork_ranks(peers, port, nranks, first, scale_rank, &full);
 }
 
 /* --- loop stalls: the longest mw_ctx_progress() call ------------------------- */
@@ -915,9 +923,7 @@ static struct stall stall_coll_rank(int rank, const char *peers[2], size_t bytes
     drive(ctx, b, "barrier");
     mw_future_unref(b);
     free(x);
-    mw_future_t *closed = mw_comm_close(comm);
-    mw_wait(closed);
-    mw_future_unref(closed);
+    close_comm(comm);
     mw_ctx_free(ctx);
     return worst;
 }

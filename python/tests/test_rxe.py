@@ -37,6 +37,16 @@ def path_of(transport):
     return "rdma" if "rdma" in (transport, os.environ.get("MW_TRANSPORT")) else "local"
 
 
+async def communicators(nranks):
+    """@nranks contexts, and a communicator of theirs on this host's ports."""
+    base = random.randint(20000, 40000)
+    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
+    ctxs = [meshwire.Context() for _ in range(nranks)]
+    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
+                                   for r, ctx in enumerate(ctxs)))
+    return ctxs, comms
+
+
 async def pair(ctx, **opts):
     """A listener and a connection to it, both ends in @ctx."""
     listener = ctx.listen(f"{HOST}:0", **opts)
@@ -170,11 +180,7 @@ def as_float(name, a):
 
 async def test_every_collective_for_every_type_on_three_ranks():
     nranks, n = 3, 1000
-    base = random.randint(20000, 40000)
-    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
-    ctxs = [meshwire.Context() for _ in range(nranks)]
-    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
-                                   for r, ctx in enumerate(ctxs)))
+    ctxs, comms = await communicators(nranks)
 
     async def each(fn):
         return await asyncio.gather(*(fn(r, comm) for r, comm in enumerate(comms)))
@@ -811,11 +817,7 @@ async def test_torch_tensors_move_and_reduce_where_they_lie(transport):
             await c.read(back, r, 5 * 512)
             assert torch.equal(back, blocks[1])
     nranks = 3
-    base = random.randint(20000, 40000)
-    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
-    ctxs = [meshwire.Context() for _ in range(nranks)]
-    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
-                                   for r, ctx in enumerate(ctxs)))
+    ctxs, comms = await communicators(nranks)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         ts = [torch.full((1000,), float(r + 1), dtype=dtype) for r in range(nranks)]
         out = await asyncio.gather(*(c.allreduce(t) for c, t in zip(comms, ts)))
@@ -834,11 +836,7 @@ async def test_ranks_connect_when_needed_leave_together_and_shrink_after_a_loss(
     breaks the next allreduce, the other three shrink to a communicator of
     their own that computes exactly, and leave it together with close()."""
     nranks = 4
-    base = random.randint(20000, 40000)
-    peers = [f"{HOST}:{base + r}" for r in range(nranks)]
-    ctxs = [meshwire.Context() for _ in range(nranks)]
-    comms = await asyncio.gather(*(ctx.communicator(r, peers, timeout_ms=20000)
-                                   for r, ctx in enumerate(ctxs)))
+    ctxs, comms = await communicators(nranks)
     assert [c.stats()["connections"] for c in comms] == [2] * nranks
     outs = [np.empty(8, np.int32) for _ in comms]
     await asyncio.gather(*(c.alltoall(np.arange(8, dtype=np.int32) + 10 * r, outs[r])

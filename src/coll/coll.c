@@ -154,13 +154,8 @@ static void coll_cancel(mw_future_t *f, void *arg)
 static mw_future_t *start(mw_comm_t *h, const char *fn, enum mw__coll_kind kind, const void *in,
                           void *out, size_t count, mw_dtype_t dt, mw_op_t op, int root)
 {
-    int err;
-    struct mw__comm *comm = mw__comm_of(h, fn, &err);
-    if (!comm) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(comm->ctx);
+    struct mw__comm *comm;
+    mw_future_t *f = mw__comm_future(h, fn, &comm);
     if (!f)
         return NULL;
     if (comm->err) {

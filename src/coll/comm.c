@@ -34,6 +34,16 @@ struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err)
     return mw__handle_get(MW__HANDLE(h), MW__H_COMM, fn, err);
 }
 
+mw_future_t *mw__comm_future(mw_comm_t *h, const char *fn, struct mw__comm **comm)
+{
+    int err;
+    if (!(*comm = mw__comm_of(h, fn, &err))) {
+        errno = -err;
+        return NULL;
+    }
+    return mw_future_new((*comm)->ctx);
+}
+
 int mw_comm_rank(const mw_comm_t *h)
 {
     int err;
@@ -58,7 +68,7 @@ int mw_comm_stats(const mw_comm_t *h, mw_comm_stats_t *st)
                             .collective_failures = comm->colls_failed};
     for (int r = 0; r < comm->nranks; r++) {
         const struct mw__peer *p = &comm->peers[r];
-        st->connections += p->ready && (!p->gone || p->said_bye);   /* not lost */
+        st->connections += mw__peer_connected(p);
         st->scratch_bytes += p->scratch ? mw__comm_scratch_bytes(comm) : 0;
     }
     return 0;
@@ -222,7 +232,7 @@ static int allreduce_algo_from_env(int *algo)
  * namespace, Open MPI's job id), hashed (FNV-1a).  Ranks of one job agree;
  * a process left over from an earlier run under another id is refused,
  * not taken for a rank.  Without any of them every job is job "". */
-static uint64_t fnv(uint64_t h, const char *s)
+uint64_t mw__fnv(uint64_t h, const char *s)
 {
     for (; s && *s; s++)
         h = (h ^ (uint8_t)*s) * 1099511628211ull;
@@ -233,12 +243,12 @@ uint64_t mw__comm_job_id(const mw_comm_opts_t *opts)
 {
     static const char *const launcher[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
                                            "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = MW__FNV_BASIS;
     const char *own = opts && opts->job ? opts->job : getenv("MW_JOB");
     if (own)
-        return fnv(h, own);
+        return mw__fnv(h, own);
     for (size_t i = 0; i < sizeof launcher / sizeof *launcher; i++)
-        h = fnv(h, getenv(launcher[i]));
+        h = mw__fnv(h, getenv(launcher[i]));
     return h;
 }
 

@@ -16,8 +16,8 @@
 struct mw__run;
 struct mw__connecting;
 
-/* One peer, as this rank sees it; connected once a collective needs it.  Chunks go into its scratch
- * slots round robin; RC delivers a connection's writes in order, so the
+/* One peer, as this rank sees it, connected once a collective needs it.
+ * Chunks go into its scratch slots round robin; RC delivers a connection's writes in order, so the
  * n-th chunk written is in slot n % slots at both ends, and an ack (a
  * zero-length write with immediate carrying a count) frees the oldest
  * slots. */
@@ -25,8 +25,7 @@ struct mw__peer {
     struct mw__comm *comm;
     int rank;
     mw_conn_t *conn;
-    mw_remote_t remote;           /* its scratch, which I write into */
-    bool remote_full;             /* remote is its scratch, not its stub */
+    mw_remote_t remote;           /* its scratch (or stub), which I write into */
     uint8_t *scratch;             /* mine, which it writes into (once a
                                      collective receives data from it) */
     bool scratch_sent;            /* it knows where mine is */
@@ -37,10 +36,10 @@ struct mw__peer {
     uint32_t *imm;                /* immediates of arrived chunks, by slot */
     struct mw__watch *watch;      /* a receive always pending: liveness */
     struct mw__cb hello;          /* waits for its hello */
-    struct mw__connecting *connecting; /* our attempt, until its hello is in */
+    struct mw__connecting *connecting; /* our attempt to connect to it (it is
+                                          below us), until its hello is in */
     struct mw__cb closed;         /* waits for its connection to go, at the end */
     bool ready;
-    bool dialing;                 /* we are connecting to it (it is below us) */
     bool said_bye;                /* it closed the communicator: sends nothing more */
     int gone;                     /* why the peer is unreachable (0: it is not) */
     char gone_why[160];
@@ -60,7 +59,6 @@ struct mw__comm {
     mw_listener_t *listener;
     mw_future_t *create_f;
     struct event *deadline;
-    int ready;                    /* peers whose hello and scratch arrived */
     int ring_left;                /* ring neighbours not yet ready: formation */
     mw_future_t *close_f;         /* mw_comm_close() in progress */
     bool byes_sent;
@@ -96,6 +94,18 @@ static inline size_t mw__comm_scratch_bytes(const struct mw__comm *comm)
 {
     return (size_t)comm->opts.slots * comm->opts.slot_size;
 }
+/* Whether @p announced its scratch (before, p->remote is its stub, which
+ * is shorter than any scratch). */
+static inline bool mw__peer_has_scratch(const struct mw__peer *p)
+{
+    return p->remote.len >= mw__comm_scratch_bytes(p->comm);
+}
+/* Whether @p is connected: its hello is in, and its connection not lost
+ * (one that said goodbye still is). */
+static inline bool mw__peer_connected(const struct mw__peer *p)
+{
+    return p->ready && (!p->gone || p->said_bye);
+}
 /* mw__comm_release() - let go of the connections and the owner's handle
  * (callbacks in flight keep the rest until they end). */
 void mw__comm_release(struct mw__comm *comm);
@@ -120,6 +130,13 @@ uint64_t mw__comm_job_id(const mw_comm_opts_t *opts);
  * call @fn, or NULL with *@err: -EINVAL (NULL, another kind), -ESTALE
  * (freed, or its creation failed), -EPERM (off the loop thread). */
 struct mw__comm *mw__comm_of(const mw_comm_t *h, const char *fn, int *err);
+/* mw__comm_future() - the start of a public call @fn that returns a
+ * future: *@comm is @h's communicator and the result a new future, or NULL
+ * with errno set (EINVAL, ESTALE, EPERM as mw__comm_of; ENOMEM). */
+mw_future_t *mw__comm_future(mw_comm_t *h, const char *fn, struct mw__comm **comm);
+/* mw__fnv() - FNV-1a of @s (NULL: nothing) onto @h, then a separator. */
+#define MW__FNV_BASIS 14695981039346656037ull
+uint64_t mw__fnv(uint64_t h, const char *s);
 /* mw__peer_gone() - @p left or broke: collectives that still need it fail
  * (when they get to it); those that are past it finish. */
 void mw__peer_gone(struct mw__peer *p, int err, const char *why);

@@ -268,18 +268,23 @@ static bool post_sends(struct mw__run *k)
  * always at least half its slots free, so a chunk this rank waits for can
  * always be sent (everything before it was taken, and under half of that
  * is unacked). */
+/* A control immediate (@imm has IMM_ACK) to @p, in a zero-length write at
+ * offset 0 of its scratch or stub: false only without memory.  A failure
+ * of the connection is the watch's to see (the peer may just have
+ * finished and left). */
+static bool send_control(struct mw__peer *p, uint32_t imm)
+{
+    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, imm);
+    bool no_memory = !f || mw_future_error(f) == -ENOMEM;
+    mw_future_unref(f);
+    return !no_memory;
+}
+
 static bool ack_taken(struct mw__peer *p)
 {
     if (p->unacked < (p->comm->opts.slots + 1) / 2)
         return true;
-    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK | p->unacked);
-    /* A failure of the connection is the watch's to see (the peer may just
-     * have finished and left); no memory would leave the peer waiting for
-     * its slots. */
-    bool no_memory = !f || mw_future_error(f) == -ENOMEM;
-    if (f)
-        mw_future_unref(f);
-    if (no_memory) {
+    if (!send_control(p, IMM_ACK | p->unacked)) {   /* the peer would wait for its slots */
         mw__comm_abort(p->comm, MW__ABORT_OTHER, p->comm->rank, -ENOMEM,
                        "cannot ack rank %d: no memory", p->rank);
         return false;
@@ -394,7 +399,7 @@ static bool step_peers_ready(const struct mw__run *k)
     const struct mw__step *st = &k->s.steps[k->step];
     const struct mw__peer *peers = k->comm->peers;
     return (st->send_to < 0 ||
-            (peers[st->send_to].ready && (!st->send_len || peers[st->send_to].remote_full))) &&
+            (peers[st->send_to].ready && (!st->send_len || mw__peer_has_scratch(&peers[st->send_to])))) &&
            (st->recv_from < 0 || peers[st->recv_from].ready);
 }
 
@@ -490,7 +495,7 @@ void mw__comm_tell_abort(struct mw__comm *comm, enum mw__abort_why why, int culp
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
         if (r != comm->rank && p->conn && p->ready)
-            mw_future_unref(mw_write_imm(p->conn, NULL, 0, &p->remote, 0, imm));
+            send_control(p, imm);     /* best effort: we break either way */
     }
 }
 
@@ -507,10 +512,7 @@ static void on_abort(struct mw__peer *p, uint32_t imm)
 
 bool mw__comm_send_bye(struct mw__peer *p)
 {
-    mw_future_t *f = mw_write_imm(p->conn, NULL, 0, &p->remote, 0, IMM_ACK | IMM_BYE);
-    bool no_memory = !f || mw_future_error(f) == -ENOMEM;
-    mw_future_unref(f);           /* a lost connection is the watch's to see */
-    return !no_memory;
+    return send_control(p, IMM_ACK | IMM_BYE);
 }
 
 void mw__comm_on_imm(mw_conn_t *c, uint32_t imm, void *arg)

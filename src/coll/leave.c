@@ -29,7 +29,7 @@ static void send_byes(struct mw__comm *comm)
     comm->byes_sent = true;
     for (int r = 0; r < comm->nranks; r++) {
         struct mw__peer *p = &comm->peers[r];
-        if (p->conn && p->ready && (!p->gone || p->said_bye) && !mw__comm_send_bye(p)) {
+        if (p->conn && mw__peer_connected(p) && !mw__comm_send_bye(p)) {
             mw__comm_fail(comm, -ENOMEM, "cannot say goodbye to rank %d: no memory", r);
             return;
         }
@@ -68,13 +68,8 @@ static void close_cancel(mw_future_t *f, void *arg)
 
 mw_future_t *mw_comm_close(mw_comm_t *h)
 {
-    int err;
-    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
-    if (!comm) {
-        errno = -err;
-        return NULL;
-    }
-    mw_future_t *f = mw_future_new(comm->ctx);
+    struct mw__comm *comm;
+    mw_future_t *f = mw__comm_future(h, __func__, &comm);
     if (!f)
         return NULL;
     if (comm->close_f) {
@@ -117,47 +112,54 @@ static bool excluded(const int *exclude, int nexclude, int r)
 mw_future_t *mw_comm_shrink(mw_comm_t *h, const int *exclude, int nexclude,
                             const mw_comm_opts_t *opts)
 {
-    int err;
-    struct mw__comm *comm = mw__comm_of(h, __func__, &err);
-    if (!comm) {
-        errno = -err;
+    struct mw__comm *comm;
+    mw_future_t *f = mw__comm_future(h, __func__, &comm);
+    if (!f)
         return NULL;
-    }
-    const char *why = bad_exclusion(comm, exclude, nexclude);
-    if (why || comm->nranks == 1) {
-        mw_future_t *f = mw_future_new(comm->ctx);
-        if (f)
-            mw_future_fail(f, -EINVAL, "%s", why ? why : "a communicator of one rank");
+    const char *why = comm->nranks == 1 ? "a communicator of one rank"
+                                        : bad_exclusion(comm, exclude, nexclude);
+    if (why) {
+        mw_future_fail(f, -EINVAL, "%s", why);
         return f;
     }
     /* The survivors in their old order; the job is the old one's and the
-     * list's, so a rank excluding others is refused like another job. */
-    int n = comm->nranks - nexclude, me = 0;
-    const char **peers = mw__calloc(n, sizeof *peers);
-    char job[64 + 12 * 64];
-    if (!peers)
-        return NULL;
-    int len = snprintf(job, sizeof job, "%016" PRIx64 "/shrink", comm->job);
-    for (int r = 0, i = 0; r < comm->nranks; r++) {
+     * list's (in rank order), so a rank excluding others is refused like
+     * another job. */
+    int nranks = comm->nranks, me = 0;
+    const char **peers = mw__calloc(nranks - nexclude, sizeof *peers);
+    if (!peers) {
+        mw_future_fail(f, -ENOMEM, "no memory");
+        return f;
+    }
+    uint64_t list = MW__FNV_BASIS;
+    for (int r = 0, i = 0; r < nranks; r++) {
+        char num[16];
+        snprintf(num, sizeof num, "%d", r);
         if (excluded(exclude, nexclude, r)) {
-            if (len < (int)sizeof job - 12)
-                len += snprintf(job + len, sizeof job - len, ",%d", r);
+            list = mw__fnv(list, num);
             continue;
         }
         me += r < comm->rank;
-        peers[i++] = comm->addrs ? comm->addrs[r] : "";
+        peers[i++] = comm->addrs[r];
     }
+    char job[48];
+    snprintf(job, sizeof job, "%016" PRIx64 "/shrink/%016" PRIx64, comm->job, list);
     mw_comm_opts_t o = opts ? *opts : comm->opts;
     o.job = job;
     mw_ctx_t *ctx = comm->ctx;
     char **addrs = comm->addrs;   /* kept past the release for the call */
     comm->addrs = NULL;
     mw__comm_close(comm, "shrunk");   /* its port is free for the new one */
-    mw_future_t *f = mw_comm_create(ctx, me, n, peers, &o);
-    for (int r = 0; addrs && r < n + nexclude; r++)
+    mw_future_t *nf = mw_comm_create(ctx, me, nranks - nexclude, peers, &o);
+    for (int r = 0; r < nranks; r++)
         mw__free(addrs[r]);
     mw__free(addrs);
     mw__free(peers);
-    return f;
+    if (!nf) {
+        mw_future_fail(f, -ENOMEM, "no memory");
+        return f;
+    }
+    mw_future_unref(f);
+    return nf;
 }
 

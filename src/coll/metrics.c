@@ -13,7 +13,7 @@ static const struct {
     const char *name, *type, *help;
 } families[] = {
     [RANKS] = {"meshwire_comm_ranks", "gauge", "Ranks in the communicator."},
-    [READY] = {"meshwire_comm_peers_ready", "gauge", "Peers connected, with their scratch known."},
+    [READY] = {"meshwire_comm_peers_ready", "gauge", "Peers connected (as mw_comm_stats counts them)."},
     [BROKEN] = {"meshwire_comm_broken", "gauge", "1 once the communicator broke (its collectives fail)."},
     [QUEUED] = {"meshwire_comm_collectives_queued", "gauge", "Collectives issued and not yet finished."},
     [DONE] = {"meshwire_comm_collectives_total", "counter", "Collectives completed."},
@@ -26,7 +26,10 @@ static uint64_t value(const struct mw__comm *comm, enum what w)
     const struct mw__list *it;
     switch (w) {
     case RANKS: return (uint64_t)comm->nranks;
-    case READY: return (uint64_t)comm->ready;
+    case READY:
+        for (int r = 0; r < comm->nranks; r++)
+            n += mw__peer_connected(&comm->peers[r]);
+        return n;
     case BROKEN: return comm->err != 0;
     case QUEUED:
         for (it = comm->colls.next; it != &comm->colls; it = it->next)

@@ -48,7 +48,6 @@ struct hello {                    /* the first message each way */
     mw_remote_t scratch;
 };
 
-
 struct mw__watch {
     struct mw__peer *p;           /* NULL once the communicator let go */
     mw_future_t *f;
@@ -190,7 +189,6 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
 {
     struct mw__comm *comm = p->comm;
     p->remote = h->scratch;
-    p->remote_full = h->scratch.len >= mw__comm_scratch_bytes(comm);
     p->ready = true;
     watch(p);
     if (p->gone) {                /* what needs it fails; at creation, everything */
@@ -198,7 +196,6 @@ static void peer_ready(struct mw__peer *p, const struct hello *h)
             mw__comm_fail(comm, p->gone, "%s", p->gone_why);
         return;
     }
-    comm->ready++;
     if (is_ring_neighbour(comm, p->rank) && --comm->ring_left == 0 && comm->create_f) {
         event_del(comm->deadline);
         mw_future_t *f = comm->create_f;
@@ -218,7 +215,6 @@ static bool take_scratch(struct mw__peer *p, const mw_msg_t *m)
         h->job != p->comm->job || h->scratch.len < mw__comm_scratch_bytes(p->comm))
         return false;
     p->remote = h->scratch;
-    p->remote_full = true;
     watch(p);
     mw__coll_advance(p->comm);    /* a step may wait to write to it */
     return true;
@@ -361,7 +357,7 @@ static int try_connect(struct mw__connecting *k);
 static void drop_connecting(struct mw__connecting *k)
 {
     struct mw__comm *comm = k->comm;
-    comm->peers[k->rank].dialing = false;
+    comm->peers[k->rank].connecting = NULL;
     event_free(k->retry);
     mw__free(k);
     mw__comm_unref(comm);
@@ -393,7 +389,6 @@ static void on_peer_hello(mw_future_t *f, void *arg)
     struct mw__peer *p = arg;
     struct mw__comm *comm = p->comm;
     struct mw__connecting *k = p->connecting;
-    p->connecting = NULL;
     mw_msg_t *m = mw_future_state(f) == MW_FUTURE_DONE ? mw_future_value(f) : NULL;
     bool ours;
     const char *bad = m ? check_hello(comm, m, p->rank, &ours) : mw_future_message(f);
@@ -432,7 +427,6 @@ static void on_connected(mw_future_t *f, void *arg)
             !(h = mw_recv(c))) {
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
         } else {                  /* the attempt lives on until the hello is in */
-            p->connecting = k;
             mw__comm_ref(comm);
             mw__future_then_in(h, &p->hello, on_peer_hello, p);
             mw_future_unref(f);
@@ -491,7 +485,7 @@ static int dial(struct mw__comm *comm, int r)
         return -ENOMEM;
     }
     mw__comm_ref(comm);
-    comm->peers[r].dialing = true;
+    comm->peers[r].connecting = k;
     if (try_connect(k) < 0) {
         drop_connecting(k);
         return -ENOMEM;
@@ -502,7 +496,7 @@ static int dial(struct mw__comm *comm, int r)
 int mw__comm_need(struct mw__comm *comm, int r)
 {
     struct mw__peer *p = &comm->peers[r];
-    if (r >= comm->rank || p->conn || p->dialing || p->gone || comm->err)
+    if (r >= comm->rank || p->conn || p->connecting || p->gone || comm->err)
         return 0;
     return dial(comm, r);
 }
