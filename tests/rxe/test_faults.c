@@ -386,9 +386,15 @@ static void server_killed_during_connect(void **state)
     printf("server killed during connect: failed after %.2f s: %s (%s)\n", t, mw_strerror(rc),
            mw_future_message(f));
     assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT);
+    /* refused when the kernel rejects for the dead listener (the usual
+     * case), else whatever the lost handshake looks like from here: any
+     * failure naming the peer, within the steps' deadlines */
+    assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -EHOSTUNREACH || rc == -ECONNRESET);
     assert_non_null(strstr(mw_future_message(f), addrs[1]));
-    assert_true(t < 5);
+    /* bounded by the steps' deadlines (three of 2 s) with slack for a busy
+     * VM under a sanitizer; it is ECONNREFUSED in well under a second when
+     * the kernel rejects for the dead listener */
+    assert_true(t < 3 * o.timeout_ms / 1000.0 + 2);
     mw_future_unref(f);
     /* the peer restarts on the same port: connecting works again */
     pid = spawn_server("mute", port);
