@@ -40,8 +40,10 @@
  *                                      MW_BENCH_SLOTS the scratch slots
  *   mwbench scale -n RANKS ADDR [full]
  *                                      what a communicator of RANKS processes
- *                                      on ADDR costs each rank: creation time,
- *                                      connections, registered scratch, peak
+ *                                      on ADDR costs each rank: creation time
+ *                                      (from when every rank has its context:
+ *                                      processes starting on few CPUs are not
+ *                                      formation), connections, scratch, peak
  *                                      RSS, then allreduce of 4 KiB and 1 MiB;
  *                                      one line per rank.  "full": an alltoall
  *                                      right after creation first connects
@@ -65,12 +67,14 @@
  * Every line also gives the CPU seconds the process used (getrusage), so
  * "nothing spins" is a number. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -754,11 +758,18 @@ static double allreduce_us(mw_comm_t *comm, float *x, size_t count, int iters)
     return (now() - t0) / iters * 1e6;
 }
 
+struct scale_args {
+    bool full;
+    pthread_barrier_t *start;   /* shared by the node's ranks */
+};
+
 static int scale_rank(const void *arg)
 {
-    bool full = *(const bool *)arg;
+    const struct scale_args *a = arg;
+    bool full = a->full;
     mw_ctx_t *ctx;
     mw_ctx_new(&ctx, NULL, NULL);
+    pthread_barrier_wait(a->start);   /* every rank calls create at once */
     double t0 = now();
     mw_future_t *cf = mw_comm_create_env(ctx, NULL);
     if (mw_wait(cf))
@@ -795,9 +806,15 @@ static int scale_bench(int argc, char **argv)
     if (argc < 3 || strcmp(argv[0], "-n"))
         die("scale -n RANKS ADDR [full]", -EINVAL, NULL);
     int nranks = atoi(argv[1]);
-    bool full = argc > 3 && !strcmp(argv[3], "full");
+    struct scale_args a = {.full = argc > 3 && !strcmp(argv[3], "full")};
     if (nranks < 2 || nranks > 256)
         die("-n takes 2..256 ranks", -EINVAL, NULL);
+    pthread_barrierattr_t ba;
+    a.start = mmap(NULL, sizeof *a.start, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (a.start == MAP_FAILED || pthread_barrierattr_init(&ba) ||
+        pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED) ||
+        pthread_barrier_init(a.start, &ba, (unsigned)nranks))
+        die("a start barrier for the ranks", -errno, NULL);
     char peers[2048] = "", port[16], list[1024];
     int first = 0;
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
@@ -812,7 +829,7 @@ static int scale_bench(int argc, char **argv)
     } else {
         snprintf(peers, sizeof peers, "%s slots=%d", argv[2], nranks);
     }
-    return fork_ranks(peers, port, nranks, first, scale_rank, &full);
+    return fork_ranks(peers, port, nranks, first, scale_rank, &a);
 }
 
 /* --- loop stalls: the longest mw_ctx_progress() call ------------------------- */
