@@ -811,10 +811,13 @@ static int scale_bench(int argc, char **argv)
         die("-n takes 2..256 ranks", -EINVAL, NULL);
     pthread_barrierattr_t ba;
     a.start = mmap(NULL, sizeof *a.start, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (a.start == MAP_FAILED || pthread_barrierattr_init(&ba) ||
-        pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED) ||
-        pthread_barrier_init(a.start, &ba, (unsigned)nranks))
+    if (a.start == MAP_FAILED)
         die("a start barrier for the ranks", -errno, NULL);
+    int rc = pthread_barrierattr_init(&ba);      /* these return the error */
+    if (!rc && !(rc = pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED)))
+        rc = pthread_barrier_init(a.start, &ba, (unsigned)nranks);
+    if (rc)
+        die("a start barrier for the ranks", -rc, NULL);
     char peers[2048] = "", port[16], list[1024];
     int first = 0;
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);

@@ -264,10 +264,6 @@ static bool post_sends(struct mw__run *k)
     return true;
 }
 
-/* Ack what was taken from @p once half its slots are: then the sender has
- * always at least half its slots free, so a chunk this rank waits for can
- * always be sent (everything before it was taken, and under half of that
- * is unacked). */
 /* A control immediate (@imm has IMM_ACK) to @p, in a zero-length write at
  * offset 0 of its scratch or stub: false only without memory.  A failure
  * of the connection is the watch's to see (the peer may just have
@@ -280,6 +276,10 @@ static bool send_control(struct mw__peer *p, uint32_t imm)
     return !no_memory;
 }
 
+/* Ack what was taken from @p once half its slots are: then the sender has
+ * always at least half its slots free, so a chunk this rank waits for can
+ * always be sent (everything before it was taken, and under half of that
+ * is unacked). */
 static bool ack_taken(struct mw__peer *p)
 {
     if (p->unacked < (p->comm->opts.slots + 1) / 2)
@@ -397,10 +397,10 @@ static int need_peers(struct mw__run *k)
 static bool step_peers_ready(const struct mw__run *k)
 {
     const struct mw__step *st = &k->s.steps[k->step];
-    const struct mw__peer *peers = k->comm->peers;
-    return (st->send_to < 0 ||
-            (peers[st->send_to].ready && (!st->send_len || mw__peer_has_scratch(&peers[st->send_to])))) &&
-           (st->recv_from < 0 || peers[st->recv_from].ready);
+    const struct mw__peer *to = st->send_to < 0 ? NULL : &k->comm->peers[st->send_to];
+    const struct mw__peer *from = st->recv_from < 0 ? NULL : &k->comm->peers[st->recv_from];
+    return (!to || (to->ready && (!st->send_len || mw__peer_has_scratch(to)))) &&
+           (!from || from->ready);
 }
 
 /* Run the head collective as far as it can go now; returns true when it

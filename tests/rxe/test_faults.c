@@ -391,9 +391,8 @@ static void server_killed_during_connect(void **state)
      * failure naming the peer, within the steps' deadlines */
     assert_true(rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -EHOSTUNREACH || rc == -ECONNRESET);
     assert_non_null(strstr(mw_future_message(f), addrs[1]));
-    /* bounded by the steps' deadlines (three of 2 s) with slack for a busy
-     * VM under a sanitizer; it is ECONNREFUSED in well under a second when
-     * the kernel rejects for the dead listener */
+    /* bounded by the steps' deadlines (three of 2 s), with slack for a busy
+     * VM under a sanitizer */
     assert_true(t < 3 * o.timeout_ms / 1000.0 + 2);
     mw_future_unref(f);
     /* the peer restarts on the same port: connecting works again */
