@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/bytes.h"
+#include "cm/nic.h"
 #include "dir/entry.h"
 
 #define ENTRY_MAGIC "mw-dir 1"
@@ -59,11 +60,23 @@ static bool printable(const char *s, size_t max)
     return n <= max;
 }
 
+/* Addresses a reader can connect to: printable, no blanks, and one port
+ * (not 0) that every address is on, by mw_connect's list rule ("A,B:P").
+ * Checked at both ends: a malformed entry fails its publisher, and one
+ * written to the store by anybody else fails lookup, list and watch, not a
+ * later connect. */
+static bool addrs_ok(const char *s)
+{
+    uint16_t port = 0;
+    bool v6;
+    return s && *s && printable(s, MW__DIR_ADDRS_MAX) && !strchr(s, ' ') &&
+           mw__addr_list_port(s, 0, &port, &v6) == 0 && port != 0;
+}
+
 int mw__dir_entry_encode(const mw_dir_entry_t *e, char *buf, size_t cap)
 {
     const char *tag = e->tag ? e->tag : "";
-    if (!e->addrs || !*e->addrs || !printable(e->addrs, MW__DIR_ADDRS_MAX) ||
-        strchr(e->addrs, ' ') || !printable(tag, MW__DIR_TAG_MAX) ||
+    if (!addrs_ok(e->addrs) || !printable(tag, MW__DIR_TAG_MAX) ||
         e->nregions > MW__DIR_REGIONS_MAX)
         return -EINVAL;
     int len = snprintf(buf, cap, ENTRY_MAGIC "\naddrs %s\ninstance %016" PRIx64 "\n", e->addrs,
@@ -92,8 +105,7 @@ static int field(struct mw__dir_entry *d, char *line, const char **why)
     *sp = 0;
     char *v = sp + 1, *end;
     mw_dir_entry_t *e = &d->pub;
-    if (!strcmp(line, "addrs") && !e->addrs && *v && !strchr(v, ' ') &&
-        strlen(v) <= MW__DIR_ADDRS_MAX) {
+    if (!strcmp(line, "addrs") && !e->addrs && addrs_ok(v)) {
         e->addrs = v;
     } else if (!strcmp(line, "instance") && strlen(v) == 16 &&
                strspn(v, "0123456789abcdef") == 16) {

@@ -232,6 +232,13 @@ static void bad_input_is_refused(void **state)
     value_of(mw_dir_publish(d, "ok", &both), -EINVAL);
     mw_dir_pub_t ctl = {.addrs = "10.0.0.1:1", .tag = "a\nb"};
     value_of(mw_dir_publish(d, "ok", &ctl), -EINVAL);
+    /* addresses a reader could not connect to are refused at the source */
+    const char *addrs[] = {"10.1.0.1,10.2.0.1:99999", "10.1.0.1:-5", "10.1.0.1:7,10.2.0.1:8",
+                           ",,,[::1:1", "10.1.0.1", "10.1.0.1:0", "10.1.0.1: 7"};
+    for (size_t i = 0; i < sizeof addrs / sizeof *addrs; i++) {
+        mw_dir_pub_t bad = {.addrs = addrs[i]};
+        value_of(mw_dir_publish(d, "ok", &bad), -EINVAL);
+    }
     mw_dir_share_t sh = {.name = "kv", .addr = &pub, .len = 8};
     mw_dir_pub_t nolisten = {.addrs = "10.0.0.1:1", .shares = &sh, .nshares = 1};
     value_of(mw_dir_publish(d, "ok", &nolisten), -EINVAL);
@@ -457,6 +464,7 @@ static void hostile_entries_are_refused(void **state)
     (void)state;
     redis_cmd(rf.sock, false, "FLUSHALL");
 #define ONE "mw-dir 1\naddrs 1:1\ninstance 0000000000000001"
+#define ADDRS(a) "mw-dir 1\naddrs " a "\ninstance 0000000000000001\n"
     static const char *const bad[] = {
         "garbage",                                  /* not an entry */
         "mw-dir 1\naddrs 1.2.3.4:1\n",              /* no instance */
@@ -465,16 +473,25 @@ static void hostile_entries_are_refused(void **state)
         ONE "\nregion x -5\n",                      /* a negative size */
         "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n",   /* twice */
         ONE,                                        /* unterminated */
+        /* addresses that would fail only at connect (issue 36) */
+        ADDRS("10.1.0.1,10.2.0.1:99999"),            /* a port past 65535 */
+        ADDRS("10.1.0.1:-5"),                       /* a negative port */
+        ADDRS("10.1.0.1:7,10.2.0.1:8"),             /* two ports */
+        ADDRS(",,,[::1:1"),                         /* empty items, no bracket */
+        ADDRS("10.1.0.1"),                          /* no port */
+        ADDRS("10.1.0.1:0"),                        /* port 0 */
     };
 #undef ONE
-    for (int i = 0; i < 7; i++)
+#undef ADDRS
+    enum { NBAD = sizeof bad / sizeof *bad };
+    for (int i = 0; i < NBAD; i++)
         redis_cmd(rf.sock, false, "SET mwtest:bad/%d %s", i, bad[i]);
     char *big = malloc(MW__DIR_VALUE_MAX + 100);
     memset(big, 'a', MW__DIR_VALUE_MAX + 99);
     big[MW__DIR_VALUE_MAX + 99] = 0;
-    redis_cmd(rf.sock, false, "SET mwtest:bad/7 %s", big);      /* too large */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/big %s", big);    /* too large */
     free(big);
-    redis_cmd(rf.sock, false, "HSET mwtest:bad/8 f v");         /* not a string */
+    redis_cmd(rf.sock, false, "HSET mwtest:bad/hash f v");      /* not a string */
     redis_cmd(rf.sock, false, "SET %s %s", "mwtest:bad/a b", "x");   /* not a name */
     redis_cmd(rf.sock, false, "SET mwtest:bad/ok %s",
               "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
@@ -482,12 +499,12 @@ static void hostile_entries_are_refused(void **state)
 
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *d = open_dir(ctx, 10000);
-    for (int i = 0; i <= 7; i++) {
+    for (int i = 0; i <= NBAD; i++) {
         char name[16];
-        snprintf(name, sizeof name, "bad/%d", i);
+        snprintf(name, sizeof name, i < NBAD ? "bad/%d" : "bad/big", i);
         value_of(mw_dir_lookup(d, name), -EPROTO);
     }
-    mw_future_t *f = mw_dir_lookup(d, "bad/8");              /* the store's own error */
+    mw_future_t *f = mw_dir_lookup(d, "bad/hash");           /* the store's own error */
     assert_int_equal(mw_wait(f), -EIO);
     mw_future_unref(f);
     mw_dir_list_t *l = value_of(mw_dir_list(d, "bad/"), 0);
@@ -503,7 +520,9 @@ static void hostile_entries_are_refused(void **state)
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
     assert_int_equal(s.joined, 1);
-    redis_cmd(rf.sock, false, "SET mwtest:bad/9 garbage");                     /* a hostile change */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/late garbage");                  /* a hostile change */
+    redis_cmd(rf.sock, false, "SET mwtest:bad/late2 %s",                       /* and a port too far */
+              "mw-dir 1\naddrs 10.0.0.1:70000\ninstance 0000000000000002\n");
     run(ctx, 300, NULL);
     assert_int_equal(s.joined, 1);
     mw_dir_free(d);
