@@ -229,7 +229,7 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
     uint64_t run;
     int n;
     if (!parse_tag(e->tag, &run, &n)) {
-        mw__log(dc->ctx, MW_LOG_WARN, "directory communicator %s: skipping %s: tag \"%s\"",
+        MW_LOG(dc->ctx, MW_LOG_WARN, "directory communicator %s: skipping %s: tag \"%s\"",
                 dc->job, e->name, e->tag);
         return;
     }
@@ -245,7 +245,7 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
         publish(dc);
         changed = true;
     }
-    mw__log(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
+    MW_LOG(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
             "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,
             run == dc->run ? "" : " (another run: waited past)");
     if (changed && dc->cf && r != dc->rank) {

@@ -203,12 +203,12 @@ size_t mw__dir_decode_all(struct mw__dir *d, size_t n, const char *const *keys,
         const char *why;
         const char *name = keys[i] + pl;
         if (strncmp(keys[i], d->prefix, pl) || !mw__dir_name_ok(name, false)) {
-            mw__log(d->ctx, MW_LOG_WARN, "directory: skipping key %s: not a name", keys[i]);
+            MW_LOG(d->ctx, MW_LOG_WARN, "directory: skipping key %s: not a name", keys[i]);
             continue;
         }
         int rc = mw__dir_entry_decode(name, vals[i], lens[i], &es[m], &why);
         if (rc == -EPROTO)
-            mw__log(d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", name, why);
+            MW_LOG(d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", name, why);
         m += rc == 0;
     }
     return m;
@@ -279,7 +279,7 @@ static void on_store_up(void *arg, bool requests, int err)
 static void on_store_down(void *arg, bool requests, const char *why)
 {
     struct mw__dir *d = arg;
-    mw__log(d->ctx, requests ? MW_LOG_WARN : MW_LOG_DEBUG,
+    MW_LOG(d->ctx, requests ? MW_LOG_WARN : MW_LOG_DEBUG,
             "directory: lost the store at %s (%s); retrying", d->url, why ? why : "?");
     if (requests) {
         d->req_up = false;

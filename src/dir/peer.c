@@ -65,7 +65,7 @@ void mw__dir_serve_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
                                              MW__DIR_TABLE_MAX);
     mw_future_t *f = len < 0 ? NULL : mw_send(c, buf, (size_t)len);
     if (!f) {
-        mw__log(s->ctx, MW_LOG_ERROR, "directory: a connection refused: its shares could "
+        MW_LOG(s->ctx, MW_LOG_ERROR, "directory: a connection refused: its shares could "
                 "not be exported or sent: %s", mw_strerror(len < 0 ? len : -ENOMEM));
         mw__free(buf);
         mw_conn_abort(c);

@@ -69,7 +69,7 @@ static void on_put(void *arg, int err, const char *why)
     struct pub *p = arg;
     pub_settle(p, err, "publishing", why);
     if (err && err != -ECANCELED && !p->gone)
-        mw__log(p->d->ctx, MW_LOG_WARN, "directory: publishing %s: %s (retried)", p->key, why);
+        MW_LOG(p->d->ctx, MW_LOG_WARN, "directory: publishing %s: %s (retried)", p->key, why);
     pub_unref(p);
 }
 

@@ -166,7 +166,7 @@ static void on_watch_get(void *arg, int err, const char *why, const char *val, s
         if (!rc)
             known_set(w, e);
         else if (rc == -EPROTO)
-            mw__log(w->d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", g->name, why);
+            MW_LOG(w->d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", g->name, why);
     } else if (err == -ENOENT && !w->gone) {
         struct known *k = known_find(w, g->name);
         if (k)
@@ -194,7 +194,7 @@ static void on_watch_scan(void *arg, int err, const char *why, size_t n, const c
     struct mw__dir_entry **es = n ? mw__calloc(n, sizeof *es) : NULL;
     if (err || w->gone || (n && !es)) {
         if (err && err != -ECANCELED && !w->gone)
-            mw__log(w->d->ctx, MW_LOG_WARN, "directory: watch of %s: %s", w->key,
+            MW_LOG(w->d->ctx, MW_LOG_WARN, "directory: watch of %s: %s", w->key,
                     es || !n ? why : "out of memory");
         mw__free(es);
         watch_unref(w);

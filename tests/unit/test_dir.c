@@ -429,10 +429,24 @@ static void store_restart_reregisters_and_rewatches(void **state)
     mw_ctx_free(ctx);
 }
 
+/* Lines under the context's threshold that reached its log function. */
+static void count_below_warn(int level, const char *msg, void *arg)
+{
+    (void)msg;
+    *(int *)arg += level > MW_LOG_WARN;
+}
+
 static void store_away_times_out_and_recovers(void **state)
 {
     (void)state;
-    mw_ctx_t *ctx = ctx_new();
+    int below = 0;                /* the directory's lines keep log_level */
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_level = MW_LOG_WARN;
+    co.log_fn = count_below_warn;
+    co.log_arg = &below;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &co), 0);
     mw_dir_opts_t o;
     mw_dir_opts_init(&o);
     o.timeout_ms = 400;
@@ -457,6 +471,7 @@ static void store_away_times_out_and_recovers(void **state)
     value_of(mw_dir_lookup(d, "job/x"), -ENOENT);    /* answered again */
     mw_dir_free(d);
     mw_ctx_free(ctx);
+    assert_int_equal(below, 0);
 }
 
 static void hostile_entries_are_refused(void **state)

@@ -74,7 +74,7 @@ static void on_config_set(redisAsyncContext *ac, void *reply, void *privdata)
     if (!rep)
         return;
     if (rep->type == REDIS_REPLY_ERROR) {
-        mw__log(l->st->ctx, MW_LOG_ERROR,
+        MW_LOG(l->st->ctx, MW_LOG_ERROR,
                 "directory: the store refused to send keyspace notifications (%s): set "
                 "notify-keyspace-events to include K$gx in its configuration to watch",
                 rep->str);

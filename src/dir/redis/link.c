@@ -91,7 +91,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 {
     struct mw__redis_link *l = ac->data;
     if (status != REDIS_OK) {           /* hiredis frees the context after this */
-        mw__log(l->st->ctx, MW_LOG_DEBUG, "directory: store unreachable: %s", ac->errstr);
+        MW_LOG(l->st->ctx, MW_LOG_DEBUG, "directory: store unreachable: %s", ac->errstr);
         link_lost(l, ac->errstr);
         return;
     }
@@ -124,7 +124,7 @@ static redisAsyncContext *link_dial(struct mw__redis_link *l)
     redisAsyncContext *ac = a->path[0] ? redisAsyncConnectUnix(a->path)
                                        : redisAsyncConnect(a->host, a->port);
     if (!ac || ac->err) {
-        mw__log(st->ctx, MW_LOG_DEBUG, "directory: cannot reach the store: %s",
+        MW_LOG(st->ctx, MW_LOG_DEBUG, "directory: cannot reach the store: %s",
                 ac ? ac->errstr : "out of memory");
         if (ac)
             redisAsyncFree(ac);
