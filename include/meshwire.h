@@ -1394,7 +1394,9 @@ MW_EXTERN void mw_dir_list_free(mw_dir_list_t *l);
 
 /** mw_dir_lookup() - the entry of @name: a future whose value is an
  *  mw_dir_list_t * of one entry (the caller frees it); fails -ENOENT
- *  (absent), -EPROTO (malformed in the store), -ETIMEDOUT, -EINVAL. */
+ *  (absent), -EPROTO (malformed in the store, or a key of another type
+ *  there), -ETIMEDOUT, -EINVAL, -EIO (the store refused the request; the
+ *  future's message is its reply). */
 MW_EXTERN mw_future_t *mw_dir_lookup(mw_directory_t *d, const char *name);
 
 /** mw_dir_list() - every well-formed entry whose name starts with @prefix

@@ -80,6 +80,8 @@ static void req_answer(struct req *r, const redisReply *rep)
 {
     if (!rep)
         req_finish(r, -ECANCELED, "the directory closed", NULL);
+    else if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "WRONGTYPE", 9))
+        req_finish(r, -EPROTO, "not a meshwire entry (a key of another type)", NULL);
     else if (rep->type == REDIS_REPLY_ERROR)
         req_finish(r, -EIO, rep->str, NULL);
     else
