@@ -94,8 +94,11 @@ int mw__dir_entry_encode(const mw_dir_entry_t *e, char *buf, size_t cap)
     return len < 0 || (size_t)len >= cap || len > MW__DIR_VALUE_MAX ? -ENOSPC : len;
 }
 
-/* One "key value" line of @t (NUL-terminated lines, split in place). */
-static int field(struct mw__dir_entry *d, char *line, const char **why)
+enum { SEEN_INSTANCE = 1, SEEN_TAG = 2, SEEN_SERVES = 4 };
+
+/* One "key value" line of @t (NUL-terminated lines, split in place);
+ * @seen: the single-valued fields met so far, none of them twice. */
+static int field(struct mw__dir_entry *d, char *line, unsigned *seen, const char **why)
 {
     char *sp = strchr(line, ' ');
     if (!sp) {
@@ -107,13 +110,16 @@ static int field(struct mw__dir_entry *d, char *line, const char **why)
     mw_dir_entry_t *e = &d->pub;
     if (!strcmp(line, "addrs") && !e->addrs && addrs_ok(v)) {
         e->addrs = v;
-    } else if (!strcmp(line, "instance") && strlen(v) == 16 &&
+    } else if (!strcmp(line, "instance") && !(*seen & SEEN_INSTANCE) && strlen(v) == 16 &&
                strspn(v, "0123456789abcdef") == 16) {
         e->instance = strtoull(v, NULL, 16);
-    } else if (!strcmp(line, "tag") && strlen(v) <= MW__DIR_TAG_MAX) {
+        *seen |= SEEN_INSTANCE;
+    } else if (!strcmp(line, "tag") && !(*seen & SEEN_TAG) && strlen(v) <= MW__DIR_TAG_MAX) {
         e->tag = v;
-    } else if (!strcmp(line, "serves") && !strcmp(v, "1")) {
+        *seen |= SEEN_TAG;
+    } else if (!strcmp(line, "serves") && !(*seen & SEEN_SERVES) && !strcmp(v, "1")) {
         e->serves = 1;
+        *seen |= SEEN_SERVES;
     } else if (!strcmp(line, "region") && e->nregions < MW__DIR_REGIONS_MAX) {
         char *sp2 = strchr(v, ' ');
         if (!sp2)
@@ -156,7 +162,7 @@ int mw__dir_entry_decode(const char *name, const char *val, size_t len,
         *why = "not a meshwire entry (or of another version)";
         rc = -EPROTO;
     }
-    bool instance = false;
+    unsigned seen = 0;
     for (char *line = t + ml + 1; !rc && *line;) {
         char *nl2 = strchr(line, '\n');
         if (!nl2) {
@@ -168,12 +174,11 @@ int mw__dir_entry_decode(const char *name, const char *val, size_t len,
         for (char *c = line; *c; c++)
             if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
                 rc = -EPROTO, *why = "a control character in the entry";
-        instance |= !strncmp(line, "instance ", 9);
         if (!rc)
-            rc = field(d, line, why);
+            rc = field(d, line, &seen, why);
         line = nl2 + 1;
     }
-    if (!rc && (!d->pub.addrs || !instance)) {
+    if (!rc && (!d->pub.addrs || !(seen & SEEN_INSTANCE))) {
         *why = "an entry without addrs or instance";
         rc = -EPROTO;
     }

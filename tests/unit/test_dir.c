@@ -487,6 +487,8 @@ static void hostile_entries_are_refused(void **state)
         ONE "\x01\n",                               /* a control character */
         ONE "\nregion x -5\n",                      /* a negative size */
         "mw-dir 1\naddrs 1:1\naddrs 2:2\ninstance 0000000000000001\n",   /* twice */
+        ONE "\ninstance 0000000000000002\n",            /* instance twice */
+        ONE "\ntag a\ntag b\n",                         /* tag twice */
         ONE,                                        /* unterminated */
         /* addresses that would fail only at connect (issue 36) */
         ADDRS("10.1.0.1,10.2.0.1:99999"),            /* a port past 65535 */
