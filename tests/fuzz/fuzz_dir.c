@@ -9,10 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm/nic.h"
 #include "dir/entry.h"
 
-/* entry.c's allocator, without the rest of meshwire */
+/* entry.c's and nic.c's allocator (addresses are checked by nic.c's
+ * list rule), without the rest of meshwire */
 void *mw__calloc(size_t n, size_t size) { return calloc(n, size); }
+void *mw__realloc(void *p, size_t size) { return realloc(p, size); }
 void mw__free(void *p) { free(p); }
 
 static void check_entry(const uint8_t *data, size_t len)
@@ -25,6 +28,9 @@ static void check_entry(const uint8_t *data, size_t len)
     }
     const mw_dir_entry_t *p = &e->pub;
     assert(p->addrs && *p->addrs && strlen(p->addrs) <= MW__DIR_ADDRS_MAX && !strchr(p->addrs, ' '));
+    uint16_t port = 0;            /* one port, as mw_connect will read it */
+    bool v6;
+    assert(mw__addr_list_port(p->addrs, 0, &port, &v6) == 0 && port);
     assert(p->tag && strlen(p->tag) <= MW__DIR_TAG_MAX);
     assert(p->nregions <= MW__DIR_REGIONS_MAX);
     for (size_t i = 0; i < p->nregions; i++)

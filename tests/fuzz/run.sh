@@ -3,13 +3,13 @@
 # bounded time from its seed corpus; a crash or a broken invariant fails.
 #   run.sh SOURCE_ROOT TARGET SECONDS     (meson's suite 'fuzz')
 #   TARGET: wire (src/cm/wire.c), names (apps/meshcat/names.c) or dir
-#   (src/dir/entry.c)
+#   (src/dir/entry.c, with src/cm/nic.c's address rules)
 set -euo pipefail
 root=$1 target=$2 secs=$3
 case $target in
     wire) srcs=("$root/src/cm/wire.c") ;;
     names) srcs=("$root/apps/meshcat/names.c") ;;
-    dir) srcs=("$root/src/dir/entry.c") ;;
+    dir) srcs=("$root/src/dir/entry.c" "$root/src/cm/nic.c" -libverbs -lrdmacm) ;;
     *) echo "unknown fuzz target $target" >&2; exit 2 ;;
 esac
 command -v clang >/dev/null || { echo "SKIP: clang not installed (scripts/setup installs it)"; exit 77; }
