@@ -1364,7 +1364,11 @@ typedef struct mw_dir_pub {
 /**
  * mw_dir_publish() - publish @name as @pub says, under a lease renewed
  * until mw_dir_unpublish() or mw_dir_free().  Publishing a name again
- * replaces the entry (a new instance).  With a listener, every accepted
+ * replaces the entry (a new instance).  When another process publishes the
+ * same name, the last to publish holds it: this one's renewals and its
+ * unpublish leave the other's entry alone, and its own is put back once
+ * the other's is gone (within about a lease of that publisher's death; a
+ * warning says so when it happens).  With a listener, every accepted
  * connection first gets the shares exported on it and a region table sent
  * as its first message (the connecting side's mw_dir_connect takes it;
  * plain mw_connect callers receive it as a first message: use

@@ -29,6 +29,8 @@ struct pub {
     struct mw__dir_serve serve;
     struct event *renew_ev;
     bool renewing;
+    bool displaced;                  /* another publisher holds the name */
+    uint64_t instance;               /* ours, in the entry */
     mw_future_t *f;                  /* the publish future, until stored */
 };
 
@@ -80,13 +82,19 @@ static void pub_put(struct pub *p)
         on_put(p, -ENOMEM, "out of memory");
 }
 
-static void on_renewed(void *arg, int err, const char *why, bool exists)
+static void on_renewed(void *arg, int err, const char *why, enum mw__store_held held)
 {
     struct pub *p = arg;
     (void)why;
     p->renewing = false;
-    if (!err && !exists && !p->gone)
-        pub_put(p);       /* expired (the store was away a lease) or the store restarted */
+    if (!err && !p->gone && held == MW__HELD_THEIRS && !p->displaced)
+        MW_LOG(p->d->ctx, MW_LOG_WARN, "directory: %s was published by another process since; "
+               "it holds the name, and this entry returns once that one is gone", p->key);
+    if (!err)
+        p->displaced = held == MW__HELD_THEIRS;
+    if (!err && held == MW__HELD_NONE && !p->gone)
+        pub_put(p);       /* expired (the store was away a lease), the store restarted,
+                             or the publisher that replaced us went */
     pub_unref(p);
 }
 
@@ -99,8 +107,8 @@ static void on_renew_timer(evutil_socket_t fd, short what, void *arg)
         return;
     p->renewing = true;
     p->refs++;
-    if (mw__store_renew(p->d->st, p->key, p->d->opts.lease_ms, on_renewed, p) < 0)
-        on_renewed(p, -ENOMEM, "out of memory", true);
+    if (mw__store_renew(p->d->st, p->key, p->instance, p->d->opts.lease_ms, on_renewed, p) < 0)
+        on_renewed(p, -ENOMEM, "out of memory", MW__HELD_OURS);
 }
 
 static struct pub *pub_find(struct mw__dir *d, const char *key)
@@ -133,7 +141,7 @@ static void pub_remove(struct pub *p, bool del, mw_future_t *f)
     if (del) {
         p->f = f ? mw_future_ref(f) : NULL;
         p->refs++;
-        if (mw__store_del(p->d->st, p->key, on_deleted, p) < 0)
+        if (mw__store_del(p->d->st, p->key, p->instance, on_deleted, p) < 0)
             on_deleted(p, -ENOMEM, "out of memory");
     }
     pub_unref(p);
@@ -151,7 +159,7 @@ static int pub_encode(struct pub *p, const mw_dir_pub_t *pub, const char **why)
     if (p->l && !addrs)
         return *why = "no address to publish the listener by", err;
     mw_dir_entry_t e = {.addrs = addrs ? addrs : pub->addrs, .tag = pub->tag,
-                        .instance = mw__dir_random64(), .serves = p->l != NULL,
+                        .instance = p->instance = mw__dir_random64(), .serves = p->l != NULL,
                         .nregions = pub->nshares, .regions = info};
     char buf[MW__DIR_VALUE_MAX + 1];
     int len = mw__dir_entry_encode(&e, buf, sizeof buf);

@@ -51,9 +51,13 @@ typedef void (*mw__store_get_fn)(void *arg, int err, const char *why, const char
 typedef void (*mw__store_scan_fn)(void *arg, int err, const char *why, size_t n,
                                   const char *const *keys, const char *const *vals,
                                   const size_t *lens);
-/* renew: @exists false when the key was gone (expired, or the store
- * restarted empty): the caller puts it again. */
-typedef void (*mw__store_renew_fn)(void *arg, int err, const char *why, bool exists);
+/* What a renewal found under the key: the caller's entry (renewed), none
+ * (expired, or the store restarted empty: the caller puts it again), or
+ * another publisher's (left alone: the last to publish a name holds it,
+ * and the one it replaced takes it back only once that entry is gone). */
+enum mw__store_held { MW__HELD_OURS, MW__HELD_NONE, MW__HELD_THEIRS };
+typedef void (*mw__store_renew_fn)(void *arg, int err, const char *why,
+                                   enum mw__store_held held);
 
 /**
  * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]" or
@@ -71,9 +75,12 @@ bool mw__store_up(const struct mw__store *st);
 
 int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t len,
                   unsigned lease_ms, mw__store_fn fn, void *arg);
-int mw__store_renew(struct mw__store *st, const char *key, unsigned lease_ms,
-                    mw__store_renew_fn fn, void *arg);
-int mw__store_del(struct mw__store *st, const char *key, mw__store_fn fn, void *arg);
+/* renew and del touch @key only while it holds the entry of @instance
+ * (the publication's): never a later publisher's. */
+int mw__store_renew(struct mw__store *st, const char *key, uint64_t instance,
+                    unsigned lease_ms, mw__store_renew_fn fn, void *arg);
+int mw__store_del(struct mw__store *st, const char *key, uint64_t instance, mw__store_fn fn,
+                  void *arg);
 int mw__store_get(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg);
 int mw__store_scan(struct mw__store *st, const char *prefix, mw__store_scan_fn fn, void *arg);
 

@@ -336,6 +336,73 @@ static int publisher_main(const char *name, unsigned lease)
     return 0;
 }
 
+/* The addresses a lookup of @name finds now ("" when none). */
+static char *addrs_of(mw_directory_t *d, const char *name, char *buf, size_t cap)
+{
+    mw_future_t *f = mw_dir_lookup(d, name);
+    int rc = mw_wait(f);
+    assert_true(rc == 0 || rc == -ENOENT);
+    mw_dir_list_t *l = rc ? NULL : mw_future_value(f);
+    snprintf(buf, cap, "%s", l ? l->e[0].addrs : "");
+    mw_dir_list_free(l);
+    mw_future_unref(f);
+    return buf;
+}
+
+/* Two live publishers of one name: the last holds it (the first's renewals
+ * leave it alone), the first's unpublish does not remove it, and once the
+ * last is killed the first's entry comes back within about a lease, not
+ * the dead one's living on through the first's renewals. */
+static void two_publishers_of_one_name(void **state)
+{
+    (void)state;
+    redis_cmd(rf.sock, false, "FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *a = open_dir(ctx, 600), *b = open_dir(ctx, 600);
+    char buf[64];
+    publish(a, "two/y", "10.0.0.1:7470", NULL);
+    publish(b, "two/y", "10.0.0.2:7470", NULL);
+    run(ctx, 700, NULL);                             /* a's renewals ran */
+    assert_string_equal(addrs_of(a, "two/y", buf, sizeof buf), "10.0.0.2:7470");
+    value_of(mw_dir_unpublish(a, "two/y"), 0);
+    assert_string_equal(addrs_of(a, "two/y", buf, sizeof buf), "10.0.0.2:7470");
+    mw_dir_free(b);
+
+    publish(a, "two/x", "10.0.0.1:7470", NULL);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char *argv[] = {self_exe, "--publisher", rf.url, "two/x", "600", NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    child_pid = pid;
+    close(fds[1]);
+    char line[16] = {0};
+    assert_true(read(fds[0], line, sizeof line - 1) > 0);
+    close(fds[0]);
+    run(ctx, 1500, NULL);                            /* two leases of renewals */
+    assert_string_equal(addrs_of(a, "two/x", buf, sizeof buf), "10.0.0.7:7470");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    child_pid = 0;
+    uint64_t t0 = now_ms();
+    while (strcmp(addrs_of(a, "two/x", buf, sizeof buf), "10.0.0.1:7470") && now_ms() - t0 < 5000)
+        run(ctx, 50, NULL);
+    uint64_t back_ms = now_ms() - t0;
+    fprintf(stderr, "two publishers: the first's entry back %llu ms after the second's kill\n",
+            (unsigned long long)back_ms);
+    assert_string_equal(buf, "10.0.0.1:7470");
+    /* the dead one's lease (600 ms) and the first's next renewal (200 ms;
+     * between the two the name is briefly absent), with slack for a loaded
+     * host */
+    assert_true(back_ms < 600 + 200 + 1500);
+    mw_dir_free(a);
+    mw_ctx_free(ctx);
+}
+
 static void killed_publisher_leaves_within_a_lease(void **state)
 {
     (void)state;
@@ -665,6 +732,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(bad_input_is_refused),
         cmocka_unit_test(watch_sees_joins_and_leaves_not_renewals),
         cmocka_unit_test(killed_publisher_leaves_within_a_lease),
+        cmocka_unit_test(two_publishers_of_one_name),
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
         cmocka_unit_test(watch_refused_without_notifications),

@@ -1,6 +1,7 @@
 /* What the directory asks of the store, kind by kind: the Redis command
  * that asks it, and the decoder that makes its reply the caller's answer. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,8 +25,11 @@ static void decode_plain(const struct mw__redis_caller *to, int err, const char 
 static void decode_renew(const struct mw__redis_caller *to, int err, const char *why,
                          const redisReply *rep)
 {
-    bool exists = !err && rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
-    to->fn.renew(to->arg, err, why, exists);
+    enum mw__store_held held = MW__HELD_OURS;      /* on error: nothing learnt */
+    if (!err && rep && rep->type == REDIS_REPLY_INTEGER)
+        held = rep->integer == 1 ? MW__HELD_OURS
+             : rep->integer == 0 ? MW__HELD_NONE : MW__HELD_THEIRS;
+    to->fn.renew(to->arg, err, why, held);
 }
 
 static void decode_get(const struct mw__redis_caller *to, int err, const char *why,
@@ -95,19 +99,40 @@ int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t
                              S(px));
 }
 
-int mw__store_renew(struct mw__store *st, const char *key, unsigned lease_ms,
-                    mw__store_renew_fn fn, void *arg)
+/* An entry is ours while it holds our instance line (entry.c writes it
+ * once, whole: "\ninstance %016x\n").  A key of another type is not. */
+#define OURS_LUA "local v = redis.pcall('GET', KEYS[1]) " \
+                 "local ours = type(v) == 'string' and string.find(v, ARGV[1], 1, true) "
+static const char RENEW_LUA[] = OURS_LUA
+    "if ours then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end "
+    "if v == false then return 0 end return 2";
+static const char DEL_LUA[] = OURS_LUA
+    "if ours then return redis.call('DEL', KEYS[1]) end return 0";
+
+static void instance_line(uint64_t instance, char *buf, size_t cap)
 {
-    char px[16];
-    snprintf(px, sizeof px, "%u", lease_ms);
-    struct mw__redis_caller to = {.fn.renew = fn, .arg = arg};
-    return mw__redis_request(st, decode_renew, to, 3, S("PEXPIRE"), S(key), S(px));
+    snprintf(buf, cap, "\ninstance %016" PRIx64 "\n", instance);
 }
 
-int mw__store_del(struct mw__store *st, const char *key, mw__store_fn fn, void *arg)
+int mw__store_renew(struct mw__store *st, const char *key, uint64_t instance,
+                    unsigned lease_ms, mw__store_renew_fn fn, void *arg)
 {
+    char px[16], line[32];
+    snprintf(px, sizeof px, "%u", lease_ms);
+    instance_line(instance, line, sizeof line);
+    struct mw__redis_caller to = {.fn.renew = fn, .arg = arg};
+    return mw__redis_request(st, decode_renew, to, 6, S("EVAL"), S(RENEW_LUA), S("1"), S(key),
+                             S(line), S(px));
+}
+
+int mw__store_del(struct mw__store *st, const char *key, uint64_t instance, mw__store_fn fn,
+                  void *arg)
+{
+    char line[32];
+    instance_line(instance, line, sizeof line);
     struct mw__redis_caller to = {.fn.plain = fn, .arg = arg};
-    return mw__redis_request(st, decode_plain, to, 2, S("DEL"), S(key));
+    return mw__redis_request(st, decode_plain, to, 5, S("EVAL"), S(DEL_LUA), S("1"), S(key),
+                             S(line));
 }
 
 int mw__store_get(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg)
