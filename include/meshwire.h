@@ -1298,13 +1298,18 @@ typedef struct mw_dir_opts {
 MW_EXTERN void mw_dir_opts_init(mw_dir_opts_t *opts);
 
 /**
- * mw_dir_open() - a directory on the store at @url: "redis://HOST[:PORT][/DB]"
- * (port 6379 by default) or "unix:PATH[?db=N]"; NULL: MW_DIRECTORY from
- * the environment.
+ * mw_dir_open() - a directory on the store at @url:
+ * "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" (port 6379 by default) or
+ * "unix:[[USER]:PASSWORD@]PATH[?db=N]"; NULL: MW_DIRECTORY from the
+ * environment.  With a password every connection to the store starts with
+ * Redis's AUTH (USER empty: the default user); percent-encode ':', '/' and
+ * '%' in USER and PASSWORD.  Messages and logs show the URL with the
+ * password as "***".
  * Return: a future whose value is the mw_directory_t * (the caller's, free with
  * mw_dir_free), done once the store answered; -EINVAL for a malformed URL
- * or option, -ETIMEDOUT when the store was not reached within
- * opts->timeout_ms.  NULL only when out of memory.
+ * or option, -EACCES when the store wants a password or refused the one
+ * given (at once, with its reply), -ETIMEDOUT when the store was not
+ * reached within opts->timeout_ms.  NULL only when out of memory.
  */
 MW_EXTERN mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *opts);
 

@@ -324,14 +324,55 @@ static void dir_release(struct mw__dir *d)
     mw__free(d);
 }
 
+/* @url without its password ("redis://user:***@host"), for messages:
+ * @out has room for @url and 3 bytes more. */
+static void redact(const char *url, char *out)
+{
+    const char *start = strncmp(url, "unix:", 5) ? strstr(url, "//") : url + 3;
+    const char *at = NULL;
+    if (start)
+        for (const char *p = start + 2; *p && *p != '/'; p++)
+            if (*p == '@')
+                at = p;
+    const char *colon = at ? memchr(start + 2, ':', (size_t)(at - start - 2)) : NULL;
+    if (!colon) {
+        strcpy(out, url);
+        return;
+    }
+    size_t head = (size_t)(colon + 1 - url);
+    memcpy(out, url, head);
+    strcpy(out + head, "***");
+    strcpy(out + head + 3, at);
+}
+
+/* The store refused our credentials (or wants some): an open still under
+ * way fails now rather than at its deadline. */
+static void on_store_refused(void *arg, int err, const char *why)
+{
+    struct mw__dir *d = arg;
+    MW_LOG(d->ctx, MW_LOG_WARN, "directory: the store at %s refused us: %s", d->url, why);
+    if (!d->open || d->refused)
+        return;
+    d->refused = err;
+    snprintf(d->refusal, sizeof d->refusal, "%s%s", why,
+             strstr(why, "NOAUTH") ? " (give the password in the URL: "
+                                     "redis://[USER]:PASSWORD@HOST)" : "");
+    /* failed from the loop, not inside the store's reply callback */
+    event_active(d->open_timer, EV_TIMEOUT, 1);
+}
+
 static void on_open_timeout(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct mw__dir *d = arg;
     mw_future_t *f = d->open;
     d->open = NULL;
-    mw_future_fail(f, -ETIMEDOUT, "directory: the store at %s was not reached within %u ms",
-                   d->url, d->opts.timeout_ms);
+    if (d->refused)
+        mw_future_fail(f, d->refused, "directory: the store at %s refused us: %s", d->url,
+                       d->refusal);
+    else
+        mw_future_fail(f, -ETIMEDOUT, "directory: the store at %s was not reached within %u ms",
+                       d->url, d->opts.timeout_ms);
     mw_future_unref(f);
     dir_release(d);
 }
@@ -368,7 +409,7 @@ mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *op
     }
     struct dirs *ds = dirs_get(ctx);
     struct mw__dir *d = ds ? mw__calloc(1, sizeof *d) : NULL;
-    if (!d || !(d->url = mw__malloc(strlen(url) + 1)) ||
+    if (!d || !(d->url = mw__malloc(strlen(url) + 4)) ||
         !(d->open_timer = evtimer_new(ctx->base, on_open_timeout, d)) ||
         !(d->h = mw__handle_new(MW__H_DIR, d, mw__loop_thread(ctx)))) {
         if (d && d->open_timer)
@@ -381,17 +422,19 @@ mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *op
     }
     d->ctx = ctx;
     d->opts = o;
-    strcpy(d->url, url);
+    redact(url, d->url);
     snprintf(d->prefix, sizeof d->prefix, "%s:", o.prefix);
     mw__list_init(&d->pubs);
     mw__list_init(&d->watches);
     mw__list_add_tail(&ds->all, &d->link);
-    struct mw__store_hooks hooks = {on_store_up, on_store_down, on_store_event, d};
+    struct mw__store_hooks hooks = {.up = on_store_up, .down = on_store_down,
+                                    .refused = on_store_refused, .event = on_store_event,
+                                    .arg = d};
     int rc = mw__store_open(ctx, url, d->prefix, o.timeout_ms, &hooks, &d->st, &why);
     if (rc < 0) {
         d->st = NULL;
+        mw_future_fail(f, rc, "mw_dir_open %s: %s", d->url, why);   /* (d->url: redacted) */
         dir_release(d);
-        mw_future_fail(f, rc, "mw_dir_open %s: %s", url, why);
         return f;
     }
     d->open = mw_future_ref(f);

@@ -28,6 +28,8 @@ struct mw__dir {
     struct mw__store *st;
     mw_future_t *open;               /* until both links answered once */
     struct event *open_timer;
+    int refused;                     /* the store refused the open: why, below */
+    char refusal[320];
     bool req_up, ev_up, ever_up;
     int notify_err;                  /* -ENOTSUP: the store sends no events */
     struct mw__list pubs, watches;

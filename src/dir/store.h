@@ -36,6 +36,9 @@ struct mw__store_hooks {
     void (*up)(void *arg, bool requests, int err);
     /* A link went down; the store is retried every so often. */
     void (*down)(void *arg, bool requests, const char *why);
+    /* The store refused us (-EACCES: a password wanted, or the one given
+     * refused; @why is its reply).  The link is retried as when down. */
+    void (*refused)(void *arg, int err, const char *why);
     /* A key under the prefix was set, or is gone. */
     void (*event)(void *arg, const char *key, enum mw__store_event ev);
     void *arg;

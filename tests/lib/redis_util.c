@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -23,7 +24,8 @@ static bool answers(const char *sock)
 {
     redisContext *c = redisConnectUnix(sock);
     redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
-    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    bool ok = r && (r->type == REDIS_REPLY_STATUS ||   /* or up, wanting a password */
+                    (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOAUTH", 6)));
     if (r)
         freeReplyObject(r);
     if (c)
@@ -39,11 +41,25 @@ extern char **environ;
  * pipes. */
 pid_t redis_start(const char *sock, bool no_config)
 {
+    return redis_start_auth(sock, no_config, NULL);
+}
+
+pid_t redis_start_auth(const char *sock, bool no_config, const char *password)
+{
     unlink(sock);
-    char *argv[] = {REDIS_SERVER, "--port", "0", "--unixsocket", (char *)sock,
-                    "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
-                    "--loglevel", "warning", no_config ? "--rename-command" : NULL, "CONFIG",
-                    "", NULL};
+    char *argv[20] = {REDIS_SERVER, "--port", "0", "--unixsocket", (char *)sock,
+                      "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
+                      "--loglevel", "warning"};
+    int n = 13;
+    if (password) {
+        argv[n++] = "--requirepass";
+        argv[n++] = (char *)password;
+    }
+    if (no_config) {
+        argv[n++] = "--rename-command";
+        argv[n++] = "CONFIG";
+        argv[n++] = "";
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);

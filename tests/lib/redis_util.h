@@ -17,6 +17,9 @@ bool redis_installed(void);
  * PING before this returns; @no_config: CONFIG renamed away, as managed
  * stores do.  Fails the test after 5 s. */
 pid_t redis_start(const char *sock, bool no_config);
+/* redis_start_auth() - the same, with the default user's @password (NULL:
+ * none). */
+pid_t redis_start_auth(const char *sock, bool no_config, const char *password);
 /* redis_stop() - send @sig and reap it. */
 void redis_stop(pid_t pid, int sig);
 /* A test's own store: a fresh directory under /tmp holding its socket. */

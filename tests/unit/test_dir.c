@@ -632,6 +632,71 @@ static void watch_refused_without_notifications(void **state)
     unlink(path);
 }
 
+/* Opening @url fails @err at once (well before the 5 s deadline), with a
+ * message that never holds @secret. */
+static void open_refused(mw_ctx_t *ctx, const char *url, int err, const char *secret)
+{
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.timeout_ms = 5000;
+    uint64_t t0 = now_ms();
+    mw_future_t *f = mw_dir_open(ctx, url, &o);
+    assert_int_equal(mw_wait(f), err);
+    printf("refused: %s\n", mw_future_message(f));
+    assert_true(now_ms() - t0 < 2000);
+    assert_null(strstr(mw_future_message(f), secret));
+    mw_future_unref(f);
+}
+
+/* A store with a password, and an ACL user: the URL's credentials open
+ * it; none or wrong ones fail -EACCES at once, naming the fix and never
+ * the password. */
+static void store_with_a_password(void **state)
+{
+    (void)state;
+    char path[160], u[300];
+    snprintf(path, sizeof path, "%s/auth.sock", rf.dir);
+    pid_t pid = redis_start_auth(path, false, "s3cret:@x");
+    redisContext *c = redisConnectUnix(path);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "AUTH %s", "s3cret:@x");
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    r = redisCommand(c, "ACL SETUSER mw on >%s ~* &* +@all", "pw-of-mw");
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(c);
+
+    mw_ctx_t *ctx = ctx_new();
+    snprintf(u, sizeof u, "unix:%s", path);
+    open_refused(ctx, u, -EACCES, "s3cret");                      /* none given */
+    snprintf(u, sizeof u, "unix::wrong-one@%s", path);
+    open_refused(ctx, u, -EACCES, "wrong-one");
+    snprintf(u, sizeof u, "unix:mw:not-mine@%s", path);
+    open_refused(ctx, u, -EACCES, "not-mine");
+    const char *good[] = {"unix::s3cret%3A%40x@", "unix:mw:pw-of-mw@",
+                          "unix:default:s3cret:@x@"};          /* '@' raw: the last one counts */
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        snprintf(u, sizeof u, "%s%s", good[i], path);
+        mw_directory_t *d = value_of(mw_dir_open(ctx, u, NULL), 0);
+        publish(d, "auth/a", "1.2.3.4:5", NULL);
+        mw_dir_list_free(value_of(mw_dir_lookup(d, "auth/a"), 0));
+        struct seen s = {0};
+        assert_true(mw_dir_watch(d, "auth/", on_watch, &s) >= 1);   /* the events link too */
+        run(ctx, 2000, &s.synced);
+        assert_int_equal(s.joined, 1);
+        mw_dir_free(d);
+    }
+    mw_dir_opts_t o;                                               /* malformed */
+    mw_dir_opts_init(&o);
+    value_of(mw_dir_open(ctx, "redis://:@localhost", &o), -EINVAL);
+    value_of(mw_dir_open(ctx, "redis://:%4@localhost", &o), -EINVAL);
+    value_of(mw_dir_open(ctx, "redis://:a%00b@localhost", &o), -EINVAL);
+    mw_ctx_free(ctx);
+    redis_stop(pid, SIGTERM);
+    unlink(path);
+}
+
 /* A caller driving meshwire by mw_ctx_fd alone sees the store's replies. */
 static void store_traffic_wakes_mw_ctx_fd(void **state)
 {
@@ -736,6 +801,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
         cmocka_unit_test(watch_refused_without_notifications),
+        cmocka_unit_test(store_with_a_password),
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
         cmocka_unit_test(store_away_times_out_and_recovers),
         cmocka_unit_test(store_restart_reregisters_and_rewatches),

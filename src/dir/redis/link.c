@@ -87,6 +87,25 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     link_lost(l, status == REDIS_OK ? "closed" : ac->errstr);
 }
 
+/* The answer to the first command on a link (AUTH, or a PING without
+ * credentials): any error is a refusal, and the link is dropped (retried
+ * later); else the link's own setup runs. */
+static void on_hello(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    struct mw__redis_link *l = privdata;
+    const redisReply *r = reply;
+    if (!r)                             /* the link went meanwhile */
+        return;
+    if (r->type == REDIS_REPLY_ERROR) {
+        struct mw__store *st = l->st;
+        if (!l->events && st->hooks.refused)
+            st->hooks.refused(st->hooks.arg, -EACCES, r->str);
+        redisAsyncDisconnect(ac);       /* on_disconnect: retried later */
+        return;
+    }
+    l->ready(l);
+}
+
 static void on_connect(const redisAsyncContext *ac, int status)
 {
     struct mw__redis_link *l = ac->data;
@@ -97,7 +116,14 @@ static void on_connect(const redisAsyncContext *ac, int status)
     }
     event_del(l->retry_ev);
     l->retry_ms = RETRY_MIN_MS;
-    l->ready(l);
+    const struct mw__redis_addr *a = &l->st->addr;
+    redisAsyncContext *c = (redisAsyncContext *)ac;   /* hiredis 0.14's const */
+    if (a->pass[0] && a->user[0])
+        redisAsyncCommand(c, on_hello, l, "AUTH %s %s", a->user, a->pass);
+    else if (a->pass[0])
+        redisAsyncCommand(c, on_hello, l, "AUTH %s", a->pass);
+    else
+        redisAsyncCommand(c, on_hello, l, "PING");  /* a store that wants a password says so */
 }
 
 /* The retry timer: connect again, or give up a connect still in progress

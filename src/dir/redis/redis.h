@@ -31,6 +31,7 @@ struct mw__redis_addr {
     char host[256];
     char path[256];               /* unix socket, else host:port */
     int port, db;
+    char user[128], pass[256];    /* AUTH, when pass is set */
 };
 
 /* mw__redis_parse_url() - fill @a from @url.

@@ -1,6 +1,9 @@
-/* Where the store is: "redis://HOST[:PORT][/DB]" (HOST may be "[IPv6]")
- * or "unix:PATH[?db=N]". */
+/* Where the store is and who we are there:
+ * "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" (HOST may be "[IPv6]") or
+ * "unix:[[USER]:PASSWORD@]PATH[?db=N]"; USER and PASSWORD percent-encoded
+ * where they hold ':', '@', '/' or '%'. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,9 +61,56 @@ static int parse_host_port(const char *h, size_t len, struct mw__redis_addr *a)
     return 0;
 }
 
+static int hex(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* @len bytes at @s, percent-decoded into @out (@cap with its NUL). */
+static int decode(const char *s, size_t len, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int hi = i + 2 < len ? hex(s[i + 1]) : -1, lo = i + 2 < len ? hex(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0 || !(c = hi * 16 + lo))
+                return -EINVAL;   /* malformed, or a NUL */
+            i += 2;
+        }
+        if (n + 1 >= cap)
+            return -EINVAL;
+        out[n++] = (char)c;
+    }
+    out[n] = 0;
+    return 0;
+}
+
+/* "[USER]:PASSWORD@" at the start of @*s (up to @end), if there: into @a,
+ * and *@s moves past it. */
+static int parse_userinfo(const char **s, const char *end, struct mw__redis_addr *a)
+{
+    const char *at = NULL;
+    for (const char *p = *s; p < end && *p != '/'; p++)
+        if (*p == '@')
+            at = p;               /* the last one: a password may hold '@' raw */
+    if (!at)
+        return 0;
+    const char *colon = memchr(*s, ':', (size_t)(at - *s));
+    if (!colon || decode(*s, (size_t)(colon - *s), a->user, sizeof a->user) ||
+        decode(colon + 1, (size_t)(at - colon - 1), a->pass, sizeof a->pass) || !a->pass[0])
+        return -EINVAL;
+    *s = at + 1;
+    return 0;
+}
+
 /* After "redis://". */
 static int parse_redis(const char *s, struct mw__redis_addr *a)
 {
+    if (parse_userinfo(&s, s + strlen(s), a))
+        return -EINVAL;
     const char *slash = strchr(s, '/');
     if (slash && parse_db(slash + 1, &a->db))
         return -EINVAL;
@@ -71,6 +121,9 @@ static int parse_redis(const char *s, struct mw__redis_addr *a)
 static int parse_unix(const char *s, struct mw__redis_addr *a)
 {
     const char *q = strstr(s, "?db=");
+    if (*s != '/' && parse_userinfo(&s, s + strlen(s), a))
+        return -EINVAL;
+    q = strstr(s, "?db=");
     size_t n = q ? (size_t)(q - s) : strlen(s);
     if (!n || n >= sizeof a->path || (q && parse_db(q + 4, &a->db)))
         return -EINVAL;
@@ -80,7 +133,8 @@ static int parse_unix(const char *s, struct mw__redis_addr *a)
 
 int mw__redis_parse_url(const char *url, struct mw__redis_addr *a, const char **why)
 {
-    *why = "expected redis://HOST[:PORT][/DB] or unix:PATH[?db=N]";
+    *why = "expected redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or "
+           "unix:[[USER]:PASSWORD@]PATH[?db=N]";
     if (!url || strlen(url) >= URL_MAX)
         return -EINVAL;
     *a = (struct mw__redis_addr){.port = REDIS_PORT};
