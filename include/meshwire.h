@@ -1278,10 +1278,13 @@ MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, s
  * Calls that return a future return NULL only when out of memory, or
  * with errno set when the directory handle is not live (freed: ESTALE).
  *
- * Redis needs keyspace notifications for watches: the directory turns
- * them on (CONFIG SET notify-keyspace-events, adding "K$gx") and, where
- * CONFIG is refused, watches fail -ENOTSUP (publish, lookup and list still
- * work).
+ * Redis needs keyspace notifications for watches (and so for
+ * mw_dir_comm_create): notify-keyspace-events including "K$gx", set by
+ * the store's owner (redis.conf, or redis-server --notify-keyspace-events
+ * 'K$gx').  The directory turns them on itself (CONFIG SET) only when
+ * opened with configure_store; otherwise, or where CONFIG is refused,
+ * watches fail -ENOTSUP and an error line names the setting (publish,
+ * lookup and list still work).
  */
 typedef struct mw_directory mw_directory_t;
 
@@ -1291,7 +1294,13 @@ typedef struct mw_dir_opts {
                                    at most this; renewed every third of it.
                                    Default 10000, 300..86400000 */
     unsigned timeout_ms;      /**< a request's deadline (and a connect
-                                   attempt's); default 5000 */
+                                   attempt's, the store's name looked up
+                                   included); default 5000 */
+    unsigned configure_store; /**< 1: turn the store's keyspace
+                                   notifications on when watches need them
+                                   and they are off (CONFIG SET; a store
+                                   shared with others is reconfigured for
+                                   all); default 0: watches fail -ENOTSUP */
 } mw_dir_opts_t;
 
 /** mw_dir_opts_init() - fill @opts with the defaults. */

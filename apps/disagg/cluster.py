@@ -85,7 +85,8 @@ class Cluster:
         sock = os.path.join(self._tmp.name, "redis.sock")
         self.redis = await spawn("redis", "/usr/bin/redis-server", "--port", "0",
                                  "--unixsocket", sock, "--save", "", "--appendonly", "no",
-                                 "--loglevel", "warning")
+                                 "--loglevel", "warning",
+                                 "--notify-keyspace-events", "K$gx")
         for _ in range(100):
             if os.path.exists(sock):
                 break

@@ -42,7 +42,8 @@ _RANGES = {
         "max_inbox_bytes": (1, None), "retry_count": (0, 7), "rnr_retry": (0, 6),
         "max_accepting": (1, 65536),
     },
-    "directory": {"lease_ms": (300, 86400000), "timeout_ms": (1, None)},
+    "directory": {"lease_ms": (300, 86400000), "timeout_ms": (1, None),
+                  "configure_store": (0, 1)},
 }
 
 TRANSPORTS = {lib.MW_TRANSPORT_AUTO: "auto", lib.MW_TRANSPORT_RDMA: "rdma",
@@ -244,7 +245,8 @@ class Context:
         """A directory on the store at @url ("redis://HOST[:PORT][/DB]" or
         "unix:PATH[?db=N]"; default: MW_DIRECTORY from the environment),
         once the store answered.  Keyword options are mw_dir_opts_t's:
-        prefix="mw", lease_ms=10000, timeout_ms=5000."""
+        prefix="mw", lease_ms=10000, timeout_ms=5000, configure_store=0
+        (1: turn the store's keyspace notifications on if watches need them)."""
         from ._dir import open_directory
         return await open_directory(self, url, opts)
 

@@ -54,7 +54,8 @@ def redis_url(tmp_path_factory):
     d = tmp_path_factory.mktemp("redis")
     sock = str(d / "redis.sock")
     p = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "",
-                          "--appendonly", "no", "--dir", str(d)],
+                          "--appendonly", "no", "--dir", str(d),
+                          "--notify-keyspace-events", "K$gx"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(500):

@@ -325,9 +325,13 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
         publish(dc);
     }
     if ((dc->watch = mw_dir_watch(d, prefix, on_watch, dc)) < 0) {
-        char msg[256];
+        char msg[384];
         snprintf(msg, sizeof msg, "mw_dir_comm_create: cannot watch %s: %s", prefix,
-                 mw_strerror(dc->watch));
+                 dc->watch == -ENOTSUP
+                     ? "the store sends no keyspace notifications (set its "
+                       "notify-keyspace-events to include K$gx, or open the directory "
+                       "with configure_store)"
+                     : mw_strerror(dc->watch));
         finish(dc, NULL, dc->watch, msg);
     }
     return f;

@@ -385,6 +385,8 @@ static int opts_check(const mw_dir_opts_t *o, const char **why)
         return *why = "lease_ms: 300..86400000", -EINVAL;
     if (!o->timeout_ms)
         return *why = "timeout_ms: at least 1", -EINVAL;
+    if (o->configure_store > 1)
+        return *why = "configure_store: 0 or 1", -EINVAL;
     return 0;
 }
 
@@ -430,7 +432,8 @@ mw_future_t *mw_dir_open(mw_ctx_t *ctx, const char *url, const mw_dir_opts_t *op
     struct mw__store_hooks hooks = {.up = on_store_up, .down = on_store_down,
                                     .refused = on_store_refused, .event = on_store_event,
                                     .arg = d};
-    int rc = mw__store_open(ctx, url, d->prefix, o.timeout_ms, &hooks, &d->st, &why);
+    struct mw__store_cfg cfg = {.timeout_ms = o.timeout_ms, .configure = o.configure_store};
+    int rc = mw__store_open(ctx, url, d->prefix, &cfg, &hooks, &d->st, &why);
     if (rc < 0) {
         d->st = NULL;
         mw_future_fail(f, rc, "mw_dir_open %s: %s", d->url, why);   /* (d->url: redacted) */

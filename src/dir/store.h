@@ -68,7 +68,14 @@ typedef void (*mw__store_renew_fn)(void *arg, int err, const char *why,
  * @prefix: keys the events are for (events for "PREFIX*").
  * Return: 0 or -EINVAL (with @why), -ENOMEM.
  */
-int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix, unsigned timeout_ms,
+/* What the directory asks of its store's links. */
+struct mw__store_cfg {
+    unsigned timeout_ms;          /* a request's deadline, and a connect attempt's */
+    bool configure;               /* turn the store's events on if they are off */
+};
+
+int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix,
+                   const struct mw__store_cfg *cfg,
                    const struct mw__store_hooks *hooks, struct mw__store **out,
                    const char **why);
 /* mw__store_close() - pending requests fail -ECANCELED (their callbacks

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
@@ -44,16 +47,54 @@ pid_t redis_start(const char *sock, bool no_config)
     return redis_start_auth(sock, no_config, NULL);
 }
 
+static pid_t start(const char *sock, int port, bool no_config, bool notify,
+                   const char *password);
+
 pid_t redis_start_auth(const char *sock, bool no_config, const char *password)
 {
+    return start(sock, 0, no_config, !no_config, password);
+}
+
+pid_t redis_start_tcp(const char *sock, int port)
+{
+    return start(sock, port, false, true, NULL);
+}
+
+pid_t redis_start_stock(const char *sock)
+{
+    return start(sock, 0, false, false, NULL);
+}
+
+int redis_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static pid_t start(const char *sock, int port, bool no_config, bool notify,
+                   const char *password)
+{
     unlink(sock);
-    char *argv[20] = {REDIS_SERVER, "--port", "0", "--unixsocket", (char *)sock,
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    char *argv[24] = {REDIS_SERVER, "--port", portstr, "--bind", "127.0.0.1",
+                      "--unixsocket", (char *)sock,
                       "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
                       "--loglevel", "warning"};
-    int n = 13;
+    int n = 15;
     if (password) {
         argv[n++] = "--requirepass";
         argv[n++] = (char *)password;
+    }
+    if (notify) {
+        argv[n++] = "--notify-keyspace-events";
+        argv[n++] = "K$gx";
     }
     if (no_config) {
         argv[n++] = "--rename-command";

@@ -1,5 +1,5 @@
 /* A real redis-server (Debian's) for the directory's tests, started by the
- * test on a unix socket of its own, and a synchronous client to look at
+ * test on a unix socket of its own (and a TCP port, when asked), and a synchronous client to look at
  * or tamper with what the store holds.  cmocka asserts. */
 #ifndef MW_TEST_REDIS_UTIL_H
 #define MW_TEST_REDIS_UTIL_H
@@ -14,12 +14,21 @@
 /* redis_installed() - whether the server can be started (else: skip). */
 bool redis_installed(void);
 /* redis_start() - a server on @sock (nothing saved, no TCP), answering
- * PING before this returns; @no_config: CONFIG renamed away, as managed
- * stores do.  Fails the test after 5 s. */
+ * PING before this returns, with the keyspace notifications watches need
+ * (as the store's owner sets them up for meshwire); @no_config: without
+ * them, and CONFIG renamed away, as managed stores do.  Fails the test
+ * after 5 s. */
 pid_t redis_start(const char *sock, bool no_config);
 /* redis_start_auth() - the same, with the default user's @password (NULL:
  * none). */
 pid_t redis_start_auth(const char *sock, bool no_config, const char *password);
+/* redis_start_stock() - a server as Debian's package starts it: CONFIG
+ * allowed, keyspace notifications off. */
+pid_t redis_start_stock(const char *sock);
+/* redis_start_tcp() - a server on @sock and on 127.0.0.1:@port too. */
+pid_t redis_start_tcp(const char *sock, int port);
+/* redis_free_port() - a TCP port of 127.0.0.1 free right now. */
+int redis_free_port(void);
 /* redis_stop() - send @sig and reap it. */
 void redis_stop(pid_t pid, int sig);
 /* A test's own store: a fresh directory under /tmp holding its socket. */

@@ -5,6 +5,8 @@
  * entries are published with addresses given (connect by name and the
  * communicator are tested in the rxe and mesh suites). */
 #include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -24,6 +26,7 @@
 #include <cmocka.h>
 #include <event2/event.h>
 
+#include "core/resolve.h"
 #include "dir/entry.h"
 #include "redis_util.h"
 #include "meshwire.h"
@@ -496,6 +499,155 @@ static void store_restart_reregisters_and_rewatches(void **state)
     mw_ctx_free(ctx);
 }
 
+/* ------------------------------------------------------------------------
+ * The store's name, looked up off the loop
+ * ------------------------------------------------------------------------ */
+
+/* A resolver that hangs on the names it is told to, until released, and
+ * answers "store.test" with the loopback address. */
+static pthread_mutex_t dns_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dns_cv = PTHREAD_COND_INITIALIZER;
+static bool dns_down;                /* every lookup hangs */
+static bool dns_hang_released;       /* "hang.test" hangs until this */
+static int dns_hung;                 /* lookups that hung */
+
+static bool must_hang(const char *host)
+{
+    return dns_down || (!dns_hang_released && !strcmp(host, "hang.test"));
+}
+
+static int test_getaddrinfo(const char *host, const char *service,
+                            const struct addrinfo *hints, struct addrinfo **res)
+{
+    pthread_mutex_lock(&dns_mu);
+    bool hung = must_hang(host);
+    dns_hung += hung;
+    while (must_hang(host))
+        pthread_cond_wait(&dns_cv, &dns_mu);
+    pthread_mutex_unlock(&dns_mu);
+    if (hung)
+        return EAI_AGAIN;
+    if (!strcmp(host, "store.test"))
+        host = "127.0.0.1";
+    return getaddrinfo(host, service, hints, res);
+}
+
+static void dns_set_down(bool down)
+{
+    pthread_mutex_lock(&dns_mu);
+    dns_down = down;
+    pthread_cond_broadcast(&dns_cv);
+    pthread_mutex_unlock(&dns_mu);
+}
+
+/* Every millisecond: how late the loop runs its timers. */
+struct lateness {
+    struct event *ev;
+    uint64_t last, worst;
+};
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct lateness *t = arg;
+    uint64_t now = now_ms();
+    if (t->last && now - t->last > t->worst)
+        t->worst = now - t->last;
+    t->last = now;
+}
+
+static void lateness_start(mw_ctx_t *ctx, struct lateness *t)
+{
+    *t = (struct lateness){0};
+    struct timeval ms = {0, 1000};
+    t->ev = event_new(mw_ctx_base(ctx), -1, EV_PERSIST, on_tick, t);
+    assert_int_equal(event_add(t->ev, &ms), 0);
+}
+
+static void lateness_stop(struct lateness *t)
+{
+    event_free(t->ev);
+}
+
+/* Under valgrind everything runs ~30x slower; a blocking lookup would
+ * still stall the loop for the whole timeout (500 ms) or for good. */
+static uint64_t on_time_ms(void)
+{
+    const char *p = getenv("LD_PRELOAD");
+    return p && strstr(p, "vgpreload") ? 150 : 50;
+}
+
+static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
+{
+    (void)state;
+    mw__getaddrinfo = test_getaddrinfo;
+    dns_hung = 0;
+    dns_hang_released = false;
+    mw_ctx_t *ctx = ctx_new();
+    struct lateness t;
+    lateness_start(ctx, &t);
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.timeout_ms = 500;
+    o.prefix = "mwtest";
+
+    /* at open: the name never resolves; the open times out on time */
+    uint64_t t0 = now_ms();
+    mw_future_t *f = mw_dir_open(ctx, "redis://hang.test:6379", &o);
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);
+    assert_non_null(strstr(mw_future_message(f), "hang.test"));
+    mw_future_unref(f);
+    assert_true(now_ms() - t0 < 1500);
+    run(ctx, 100, NULL);
+    assert_true(t.worst < on_time_ms());
+    pthread_mutex_lock(&dns_mu);
+    assert_int_equal(dns_hung, 2);       /* one lookup per link, left to hang */
+    pthread_mutex_unlock(&dns_mu);
+
+    /* later: the store goes, and so does DNS; the links retry without
+     * stalling the loop and without piling up lookups */
+    int port = redis_free_port();
+    struct redis_fixture tcp;
+    snprintf(tcp.dir, sizeof tcp.dir, "%s", rf.dir);
+    snprintf(tcp.sock, sizeof tcp.sock, "%s/tcp.sock", rf.dir);
+    pid_t pid = redis_start_tcp(tcp.sock, port);
+    char url[64];
+    snprintf(url, sizeof url, "redis://store.test:%d", port);
+    mw_directory_t *d = value_of(mw_dir_open(ctx, url, &o), 0);
+    publish(d, "job/a", "10.0.0.1:7470", NULL);
+    dns_set_down(true);
+    redis_stop(pid, SIGKILL);
+    t.worst = 0;
+    run(ctx, 2500, NULL);
+    assert_true(t.worst < on_time_ms());
+    assert_true(mw__lookups_running() <= 4);   /* 2 from the open, 1 per link now */
+    pthread_mutex_lock(&dns_mu);
+    assert_int_equal(dns_hung, 4);
+    pthread_mutex_unlock(&dns_mu);
+    /* DNS and the store come back: the entry is put back */
+    pid = redis_start_tcp(tcp.sock, port);
+    dns_set_down(false);
+    for (uint64_t end = now_ms() + 5000;
+         !redis_exists(tcp.sock, "mwtest:job/a") && now_ms() < end;)
+        run(ctx, 50, NULL);
+    assert_true(redis_exists(tcp.sock, "mwtest:job/a"));
+    mw_dir_free(d);
+    lateness_stop(&t);
+    mw_ctx_free(ctx);
+    redis_stop(pid, SIGTERM);
+    unlink(tcp.sock);
+
+    /* the hung lookups end once DNS answers, and free what they held */
+    pthread_mutex_lock(&dns_mu);
+    dns_hang_released = true;
+    pthread_cond_broadcast(&dns_cv);
+    pthread_mutex_unlock(&dns_mu);
+    for (int i = 0; i < 200 && mw__lookups_running(); i++)
+        usleep(10000);
+    assert_int_equal(mw__lookups_running(), 0);
+    mw__getaddrinfo = getaddrinfo;
+}
+
 /* Lines under the context's threshold that reached its log function. */
 static void count_below_warn(int level, const char *msg, void *arg)
 {
@@ -614,18 +766,62 @@ static void hostile_entries_are_refused(void **state)
     mw_ctx_free(ctx);
 }
 
-static void watch_refused_without_notifications(void **state)
+/* Error lines that name the setting watches need. */
+static void count_setting_named(int level, const char *msg, void *arg)
+{
+    *(int *)arg += level == MW_LOG_ERROR && strstr(msg, "notify-keyspace-events") &&
+                   strstr(msg, "configure_store");
+}
+
+/* Watches on a store without keyspace notifications: refused, naming the
+ * setting; the store's configuration is changed only when asked. */
+static void watch_needs_notifications_its_owner_turns_on(void **state)
 {
     (void)state;
+    int named = 0;
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_fn = count_setting_named;
+    co.log_arg = &named;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &co), 0);
     char path[160], u[200];
     snprintf(path, sizeof path, "%s/noconfig.sock", rf.dir);
     snprintf(u, sizeof u, "unix:%s", path);
+
+    /* a managed store: CONFIG refused, notifications off */
     pid_t pid = redis_start(path, true);
-    mw_ctx_t *ctx = ctx_new();
     mw_directory_t *d = value_of(mw_dir_open(ctx, u, NULL), 0);
     assert_int_equal(mw_dir_watch(d, "job/", on_watch, NULL), -ENOTSUP);
+    assert_int_equal(named, 1);
     publish(d, "job/a", "1.2.3.4:5", NULL);                  /* the rest works */
     mw_dir_list_free(value_of(mw_dir_lookup(d, "job/a"), 0));
+    mw_dir_free(d);
+    redis_stop(pid, SIGTERM);
+
+    /* a stock store: left as its owner configured it, unless asked */
+    pid = redis_start_stock(path);
+    d = value_of(mw_dir_open(ctx, u, NULL), 0);
+    assert_int_equal(mw_dir_watch(d, "job/", on_watch, NULL), -ENOTSUP);
+    assert_int_equal(named, 2);
+    redisReply *r = redis_cmd(path, true, "CONFIG GET notify-keyspace-events");
+    assert_string_equal(r->element[1]->str, "");
+    freeReplyObject(r);
+    mw_dir_free(d);
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.configure_store = 2;
+    value_of(mw_dir_open(ctx, u, &o), -EINVAL);
+    o.configure_store = 1;
+    d = value_of(mw_dir_open(ctx, u, &o), 0);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(d, "job/", on_watch, &s) >= 1);
+    run(ctx, 2000, &s.synced);
+    assert_int_equal(s.synced, 1);
+    r = redis_cmd(path, true, "CONFIG GET notify-keyspace-events");
+    assert_non_null(strchr(r->element[1]->str, 'K'));
+    freeReplyObject(r);
+    assert_int_equal(named, 2);
     mw_dir_free(d);
     mw_ctx_free(ctx);
     redis_stop(pid, SIGTERM);
@@ -800,10 +996,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(two_publishers_of_one_name),
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
-        cmocka_unit_test(watch_refused_without_notifications),
+        cmocka_unit_test(watch_needs_notifications_its_owner_turns_on),
         cmocka_unit_test(store_with_a_password),
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
         cmocka_unit_test(store_away_times_out_and_recovers),
+        cmocka_unit_test(store_name_lookup_that_hangs_keeps_the_loop_on_time),
         cmocka_unit_test(store_restart_reregisters_and_rewatches),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,7 +1,9 @@
 /* The event link: keyspace notifications of the directory's keys.  Once
- * connected it makes sure the store sends them (set, del and expired:
- * "K$gx"), then subscribes to those of "PREFIX*"; it is up once the store
- * confirmed the subscription. */
+ * connected it checks that the store sends them (set, del and expired:
+ * "K$gx"; turned on only when the directory was opened with
+ * configure_store: a store's configuration is its owner's), then
+ * subscribes to those of "PREFIX*"; it is up once the store confirmed the
+ * subscription. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,6 +98,15 @@ static void on_config(redisAsyncContext *ac, void *reply, void *privdata)
                           : NULL;
     if (cur && config_covers(cur)) {
         subscribe(l);
+        return;
+    }
+    if (!l->st->configure) {
+        MW_LOG(l->st->ctx, MW_LOG_ERROR,
+               "directory: watches need the store's keyspace notifications: its "
+               "notify-keyspace-events is %s%.32s%s; set it to include K$gx (redis.conf, or "
+               "CONFIG SET), or open the directory with configure_store",
+               cur ? "\"" : "", cur ? cur : "unreadable (CONFIG refused)", cur ? "\"" : "");
+        events_up(l, -ENOTSUP);
         return;
     }
     char want[64];

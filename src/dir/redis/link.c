@@ -10,6 +10,7 @@
 #include <hiredis/adapters/libevent.h>
 
 #include "core/ctx.h"
+#include "core/resolve.h"
 #include "dir/redis/redis.h"
 
 #define RETRY_MIN_MS 100
@@ -138,17 +139,25 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
         link_retry_later(l);
         return;
     }
+    if (l->lookup) {                       /* it goes on; its answer dials */
+        MW_LOG(l->st->ctx, MW_LOG_DEBUG, "directory: looking up %s takes over %u ms",
+               l->st->addr.host, l->st->timeout_ms);
+        link_retry_later(l);
+        return;
+    }
     if (!l->ac)
         mw__redis_link_connect(l);
 }
 
-/* A new hiredis context on the context's base, or NULL (logged). */
-static redisAsyncContext *link_dial(struct mw__redis_link *l)
+/* A new hiredis context on the context's base, or NULL (logged).  @numeric:
+ * the store's address as a literal, so hiredis's own getaddrinfo() answers
+ * at once; NULL for a unix socket. */
+static redisAsyncContext *link_dial(struct mw__redis_link *l, const char *numeric)
 {
     struct mw__store *st = l->st;
     const struct mw__redis_addr *a = &st->addr;
-    redisAsyncContext *ac = a->path[0] ? redisAsyncConnectUnix(a->path)
-                                       : redisAsyncConnect(a->host, a->port);
+    redisAsyncContext *ac = numeric ? redisAsyncConnect(numeric, a->port)
+                                    : redisAsyncConnectUnix(a->path);
     if (!ac || ac->err) {
         MW_LOG(st->ctx, MW_LOG_DEBUG, "directory: cannot reach the store: %s",
                 ac ? ac->errstr : "out of memory");
@@ -164,9 +173,9 @@ static redisAsyncContext *link_dial(struct mw__redis_link *l)
     return ac;
 }
 
-void mw__redis_link_connect(struct mw__redis_link *l)
+static void link_start(struct mw__redis_link *l, const char *numeric)
 {
-    redisAsyncContext *ac = link_dial(l);
+    redisAsyncContext *ac = link_dial(l, numeric);
     if (!ac) {
         link_retry_later(l);
         return;
@@ -177,6 +186,40 @@ void mw__redis_link_connect(struct mw__redis_link *l)
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     /* a connect that hangs is given up at the timeout */
     mw__ev_add_ms(l->st->ctx, l->retry_ev, l->st->timeout_ms);
+}
+
+static void on_lookup(void *arg, int err, const char *numeric, const char *why)
+{
+    struct mw__redis_link *l = arg;
+    l->lookup = NULL;
+    if (err) {
+        MW_LOG(l->st->ctx, MW_LOG_DEBUG, "directory: %s", why);
+        link_lost(l, why);
+        return;
+    }
+    link_start(l, numeric);
+}
+
+/* The store's name is looked up off the loop (core/resolve.h) on every
+ * attempt, bounded by the timeout like the connect that follows; a lookup
+ * that hangs is not started twice. */
+void mw__redis_link_connect(struct mw__redis_link *l)
+{
+    struct mw__store *st = l->st;
+    if (st->addr.path[0]) {
+        link_start(l, NULL);
+        return;
+    }
+    if (l->lookup)
+        return;
+    int rc = mw__lookup_start(st->ctx, st->addr.host, on_lookup, l, &l->lookup);
+    if (rc < 0) {
+        MW_LOG(st->ctx, MW_LOG_DEBUG, "directory: cannot look up %s: %s", st->addr.host,
+               mw_strerror(rc));
+        link_retry_later(l);
+        return;
+    }
+    mw__ev_add_ms(st->ctx, l->retry_ev, st->timeout_ms);
 }
 
 int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool events,
@@ -199,6 +242,8 @@ void mw__redis_link_close(struct mw__redis_link *l)
     if (l->ac)
         redisAsyncFree(l->ac);   /* pending replies' callbacks run now, with NULL */
     l->ac = NULL;
+    mw__lookup_cancel(l->lookup);
+    l->lookup = NULL;
     if (l->retry_ev)
         event_free(l->retry_ev);
 }

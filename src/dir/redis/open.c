@@ -18,7 +18,8 @@ static int store_init(struct mw__store *st, const char *prefix)
     return 0;
 }
 
-int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix, unsigned timeout_ms,
+int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix,
+                   const struct mw__store_cfg *cfg,
                    const struct mw__store_hooks *hooks, struct mw__store **out,
                    const char **why)
 {
@@ -26,7 +27,8 @@ int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix, unsigned 
     *why = "out of memory";
     if (!st)
         return -ENOMEM;
-    *st = (struct mw__store){.ctx = ctx, .timeout_ms = timeout_ms, .hooks = *hooks};
+    *st = (struct mw__store){.ctx = ctx, .timeout_ms = cfg->timeout_ms,
+                             .configure = cfg->configure, .hooks = *hooks};
     mw__list_init(&st->waiting);
     int rc = mw__redis_parse_url(url, &st->addr, why);
     if (!rc && (rc = store_init(st, prefix)))

@@ -4,7 +4,7 @@
  *
  *   open.c      open, close: the store's life, both links started
  *   url.c       the URL: where the store is
- *   link.c      a connection to Redis: connect, lose, retry
+ *   link.c      a connection to Redis: look up, connect, lose, retry
  *   queue.c     requests: a deadline each, waiting in order, sent again
  *   requests.c  each request kind: its command, and the decoder of its reply
  *   events.c    the event link: keyspace notifications
@@ -23,6 +23,7 @@
 #include "meshwire.h"
 
 struct event;
+struct mw__lookup;
 struct redisAsyncContext;
 struct redisReply;
 
@@ -42,6 +43,7 @@ int mw__redis_parse_url(const char *url, struct mw__redis_addr *a, const char **
 struct mw__redis_link {
     struct mw__store *st;
     struct redisAsyncContext *ac;
+    struct mw__lookup *lookup;    /* the store's name, being looked up */
     bool events;                  /* the subscribed one */
     bool up;
     unsigned retry_ms;
@@ -56,6 +58,7 @@ struct mw__store {
     mw_ctx_t *ctx;
     struct mw__redis_addr addr;
     unsigned timeout_ms;
+    bool configure;               /* CONFIG SET the notifications watches need */
     char *prefix;
     struct mw__store_hooks hooks;
     struct mw__redis_link req, ev;
