@@ -1279,9 +1279,9 @@ MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, s
  * with errno set when the directory handle is not live (freed: ESTALE).
  *
  * Redis needs keyspace notifications for watches (and so for
- * mw_dir_comm_create): notify-keyspace-events including "K$gx", set by
+ * mw_dir_comm_create): notify-keyspace-events including "Kgx", set by
  * the store's owner (redis.conf, or redis-server --notify-keyspace-events
- * 'K$gx').  The directory turns them on itself (CONFIG SET) only when
+ * Kgx).  The directory turns them on itself (CONFIG SET) only when
  * opened with configure_store; otherwise, or where CONFIG is refused,
  * watches fail -ENOTSUP and an error line names the setting (publish,
  * lookup and list still work).
@@ -1419,7 +1419,9 @@ MW_EXTERN mw_future_t *mw_dir_lookup(mw_directory_t *d, const char *name);
 
 /** mw_dir_list() - every well-formed entry whose name starts with @prefix
  *  ("prefill/" for a role; "" for all): a future whose value is an
- *  mw_dir_list_t * (possibly empty), read in one consistent pass. */
+ *  mw_dir_list_t * (possibly empty), read 128 entries per request (each
+ *  page consistent; an entry changed meanwhile is listed once); -E2BIG
+ *  past 100,000 entries or 64 MiB. */
 MW_EXTERN mw_future_t *mw_dir_list(mw_directory_t *d, const char *prefix);
 
 enum mw_dir_event {

@@ -86,7 +86,7 @@ class Cluster:
         self.redis = await spawn("redis", "/usr/bin/redis-server", "--port", "0",
                                  "--unixsocket", sock, "--save", "", "--appendonly", "no",
                                  "--loglevel", "warning",
-                                 "--notify-keyspace-events", "K$gx")
+                                 "--notify-keyspace-events", "Kgx")
         for _ in range(100):
             if os.path.exists(sock):
                 break

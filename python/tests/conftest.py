@@ -55,7 +55,7 @@ def redis_url(tmp_path_factory):
     sock = str(d / "redis.sock")
     p = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "",
                           "--appendonly", "no", "--dir", str(d),
-                          "--notify-keyspace-events", "K$gx"],
+                          "--notify-keyspace-events", "Kgx"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(500):

@@ -329,7 +329,7 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
         snprintf(msg, sizeof msg, "mw_dir_comm_create: cannot watch %s: %s", prefix,
                  dc->watch == -ENOTSUP
                      ? "the store sends no keyspace notifications (set its "
-                       "notify-keyspace-events to include K$gx, or open the directory "
+                       "notify-keyspace-events to include Kgx, or open the directory "
                        "with configure_store)"
                      : mw_strerror(dc->watch));
         finish(dc, NULL, dc->watch, msg);

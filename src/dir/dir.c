@@ -289,13 +289,17 @@ static void on_store_down(void *arg, bool requests, const char *why)
     mw__dir_watches_lost(d);
 }
 
-static void on_store_event(void *arg, const char *key, enum mw__store_event ev)
+static void on_store_event(void *arg, const char *key, enum mw__store_event ev,
+                           const char *val, size_t len)
 {
     struct mw__dir *d = arg;
     const char *name = key + strlen(d->prefix);
     if (!strncmp(key, d->prefix, strlen(d->prefix)) && mw__dir_name_ok(name, false))
-        mw__dir_watches_event(d, key, name, ev);
+        mw__dir_watches_event(d, key, name, ev, val, len);
 }
+
+_Static_assert(MW__DIR_KEY_MAX <= MW__STORE_KEY_MAX, "the store carries every key");
+_Static_assert(MW__DIR_VALUE_MAX == MW__STORE_VALUE_MAX, "the store reads every entry");
 
 /* ------------------------------------------------------------------------
  * Open and free

@@ -61,7 +61,7 @@ void mw__dir_pubs_remove_all(struct mw__dir *d);
 void mw__dir_watches_up(struct mw__dir *d, int err);
 void mw__dir_watches_lost(struct mw__dir *d);
 void mw__dir_watches_event(struct mw__dir *d, const char *key, const char *name,
-                           enum mw__store_event ev);
+                           enum mw__store_event ev, const char *val, size_t len);
 void mw__dir_watches_remove_all(struct mw__dir *d);
 
 /* mw__dir_ctx() - the context of @d (a live handle), or NULL. */

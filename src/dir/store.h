@@ -6,10 +6,12 @@
  * that another backend (etcd) could stand behind it:
  *   - put a key with a lease (etcd: a lease granted and kept alive; Redis:
  *     SET PX) and renew it; delete a key;
- *   - get one key; get every key under a prefix (etcd: a range);
- *   - events for keys under the directory's prefix: set, or gone (deleted
- *     or expired) (etcd: a watch on the prefix; Redis: keyspace
- *     notifications);
+ *   - get one key; get every key under a prefix (etcd: a range), with
+ *     work proportional to the keys under it, not to the whole store;
+ *   - events for keys under the directory's prefix: set (with the value),
+ *     or gone (deleted or expired) (etcd: a watch on the prefix; Redis:
+ *     values published by puts, keyspace notifications for the rest);
+ *   - no value longer than MW__STORE_VALUE_MAX is ever read;
  *   - a link that goes down and comes back: requests wait (up to their
  *     deadline) and are sent once it is back; the owner hears "down" and
  *     "up" to re-register and re-read what it watches.
@@ -25,6 +27,10 @@
 
 struct mw__store;
 
+#define MW__STORE_VALUE_MAX 8192   /* longer values are never read */
+#define MW__STORE_SCAN_MAX 100000  /* entries one scan may return */
+#define MW__STORE_KEY_MAX 400      /* longer keys are not the directory's */
+
 enum mw__store_event { MW__STORE_SET = 1, MW__STORE_GONE };
 
 struct mw__store_hooks {
@@ -39,15 +45,19 @@ struct mw__store_hooks {
     /* The store refused us (-EACCES: a password wanted, or the one given
      * refused; @why is its reply).  The link is retried as when down. */
     void (*refused)(void *arg, int err, const char *why);
-    /* A key under the prefix was set, or is gone. */
-    void (*event)(void *arg, const char *key, enum mw__store_event ev);
+    /* A key under the prefix was set (to @val, @len bytes, at most
+     * MW__STORE_VALUE_MAX), or is gone (@val NULL). */
+    void (*event)(void *arg, const char *key, enum mw__store_event ev, const char *val,
+                  size_t len);
     void *arg;
 };
 
 /* A reply: err 0 with what the request asks for, else a negative errno
  * (-ETIMEDOUT: no answer by the deadline; -ENOENT: get of an absent key;
- * -EIO: the store refused, @why says what it said; -ECANCELED: the store
- * closed).  Strings are valid during the call only. */
+ * -EPROTO: get of a key of another type or a value too long; -E2BIG: a
+ * scan over MW__STORE_SCAN_MAX entries; -EIO: the store refused, @why
+ * says what it said; -ECANCELED: the store closed).  Strings are valid
+ * during the call only. */
 typedef void (*mw__store_fn)(void *arg, int err, const char *why);
 typedef void (*mw__store_get_fn)(void *arg, int err, const char *why, const char *val,
                                  size_t len);
@@ -62,18 +72,18 @@ enum mw__store_held { MW__HELD_OURS, MW__HELD_NONE, MW__HELD_THEIRS };
 typedef void (*mw__store_renew_fn)(void *arg, int err, const char *why,
                                    enum mw__store_held held);
 
-/**
- * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]" or
- * "unix:PATH[?db=N]") and start connecting; requests may be made at once.
- * @prefix: keys the events are for (events for "PREFIX*").
- * Return: 0 or -EINVAL (with @why), -ENOMEM.
- */
 /* What the directory asks of its store's links. */
 struct mw__store_cfg {
     unsigned timeout_ms;          /* a request's deadline, and a connect attempt's */
     bool configure;               /* turn the store's events on if they are off */
 };
 
+/**
+ * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]" or
+ * "unix:PATH[?db=N]") and start connecting; requests may be made at once.
+ * @prefix: keys the events are for (events for "PREFIX*").
+ * Return: 0 or -EINVAL (with @why), -ENOMEM.
+ */
 int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix,
                    const struct mw__store_cfg *cfg,
                    const struct mw__store_hooks *hooks, struct mw__store **out,

@@ -151,31 +151,6 @@ static void known_set(struct watch *w, struct mw__dir_entry *e)
     tell(w, MW_DIR_JOINED, e);
 }
 
-struct watch_get {
-    struct watch *w;
-    char name[MW__DIR_NAME_MAX + 1];
-};
-
-static void on_watch_get(void *arg, int err, const char *why, const char *val, size_t len)
-{
-    struct watch_get *g = arg;
-    struct watch *w = g->w;
-    struct mw__dir_entry *e;
-    if (!err && !w->gone) {
-        int rc = mw__dir_entry_decode(g->name, val, len, &e, &why);
-        if (!rc)
-            known_set(w, e);
-        else if (rc == -EPROTO)
-            MW_LOG(w->d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", g->name, why);
-    } else if (err == -ENOENT && !w->gone) {
-        struct known *k = known_find(w, g->name);
-        if (k)
-            known_drop(w, k);
-    }
-    watch_unref(w);
-    mw__free(g);
-}
-
 static void on_sweep(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
@@ -278,7 +253,7 @@ int mw_dir_unwatch(mw_directory_t *h, int id)
 }
 
 void mw__dir_watches_event(struct mw__dir *d, const char *key, const char *name,
-                           enum mw__store_event ev)
+                           enum mw__store_event ev, const char *val, size_t len)
 {
     struct watch *w;
     mw__list_for_each(w, &d->watches, link) {
@@ -290,14 +265,13 @@ void mw__dir_watches_event(struct mw__dir *d, const char *key, const char *name,
                 known_drop(w, k);
             continue;
         }
-        struct watch_get *g = mw__calloc(1, sizeof *g);
-        if (!g)
-            continue;
-        g->w = w;
-        snprintf(g->name, sizeof g->name, "%s", name);
-        w->refs++;
-        if (mw__store_get(d->st, key, on_watch_get, g) < 0)
-            on_watch_get(g, -ENOMEM, "out of memory", NULL, 0);
+        struct mw__dir_entry *e;
+        const char *why;
+        int rc = mw__dir_entry_decode(name, val, len, &e, &why);
+        if (!rc)
+            known_set(w, e);
+        else if (rc == -EPROTO)
+            MW_LOG(d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", name, why);
     }
 }
 

@@ -94,7 +94,7 @@ static pid_t start(const char *sock, int port, bool no_config, bool notify,
     }
     if (notify) {
         argv[n++] = "--notify-keyspace-events";
-        argv[n++] = "K$gx";
+        argv[n++] = "Kgx";
     }
     if (no_config) {
         argv[n++] = "--rename-command";

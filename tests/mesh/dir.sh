@@ -19,7 +19,7 @@ redis=
 trap '[[ -n $redis ]] && kill $redis; rm -rf "$W"' EXIT
 if ((MW_NODE == 0)); then
     /usr/bin/redis-server --port 6390 --bind 0.0.0.0 --protected-mode no --save '' \
-        --appendonly no --loglevel warning --notify-keyspace-events 'K$gx' >/dev/null & redis=$!
+        --appendonly no --loglevel warning --notify-keyspace-events Kgx >/dev/null & redis=$!
 fi
 export MW_DIRECTORY=redis://node0:6390    # mw_dir_open waits for it (5 s, retried below)
 

@@ -68,7 +68,7 @@ BYNAME=$(dirname "$ALLREDUCE")/byname
 if [[ -x /usr/bin/redis-server ]]; then
     sock=$(mktemp -u /tmp/examples-redis.XXXXXX)
     /usr/bin/redis-server --port 0 --unixsocket "$sock" --save '' --appendonly no \
-        --loglevel warning --notify-keyspace-events 'K$gx' >/dev/null & redis=$!
+        --loglevel warning --notify-keyspace-events Kgx >/dev/null & redis=$!
     retry 10 test -S "$sock" || fail "redis-server never made its socket"
     log=$(mktemp)
     "$BYNAME" serve "unix:$sock" ex/kv/0 >"$log" 2>&1 & server=$!

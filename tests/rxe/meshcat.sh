@@ -145,7 +145,7 @@ mid_transfer() {
 # publishes itself, the sender (started first) waits for the name to appear
 if [[ -x /usr/bin/redis-server ]]; then
     /usr/bin/redis-server --port 0 --unixsocket "$W/redis.sock" --save '' --appendonly no \
-        --loglevel warning --notify-keyspace-events 'K$gx' >/dev/null & redis=$!
+        --loglevel warning --notify-keyspace-events Kgx >/dev/null & redis=$!
     for _ in $(seq 100); do [[ -S $W/redis.sock ]] && break; sleep 0.05; done
     D=(--dir "unix:$W/redis.sock")
     mkdir out/byname

@@ -500,6 +500,148 @@ static void store_restart_reregisters_and_rewatches(void **state)
 }
 
 /* ------------------------------------------------------------------------
+ * A store shared with others: work proportional to the directory's keys
+ * ------------------------------------------------------------------------ */
+
+/* A field of INFO @section, as a number. */
+static long long info_field(const char *section, const char *field)
+{
+    redisReply *r = redis_cmd(rf.sock, true, "INFO %s", section);
+    const char *p = strstr(r->str, field);
+    long long v = p ? strtoll(p + strlen(field), NULL, 10) : 0;
+    freeReplyObject(r);
+    return v;
+}
+
+/* The longest command the store ran since its slowlog was reset, in us,
+ * with the first words of that command in @what. */
+static long long longest_command(char *what, size_t cap)
+{
+    redisReply *r = redis_cmd(rf.sock, true, "SLOWLOG GET 100000");
+    long long worst = 0;
+    snprintf(what, cap, "none");
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *e = r->element[i];   /* id, time, us, [args], ... */
+        if (e->element[2]->integer <= worst)
+            continue;
+        worst = e->element[2]->integer;
+        const redisReply *args = e->element[3];
+        snprintf(what, cap, "%.20s %.60s", args->element[0]->str,
+                 args->elements > 1 ? args->element[1]->str : "");
+    }
+    freeReplyObject(r);
+    return worst;
+}
+
+static void shared_store_work_is_bounded(void **state)
+{
+    (void)state;
+    redis_cmd(rf.sock, false, "FLUSHALL");
+    /* other teams' keys: 100,000 of them */
+    redis_cmd(rf.sock, false, "EVAL %s 0",
+              "for i = 1, 100000 do redis.call('SET', 'other:' .. i, 'x') end");
+    mw_ctx_t *ctx = ctx_new();
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.prefix = "mwtest";
+    o.lease_ms = 600000;                 /* no renewal during the test */
+    mw_directory_t *a = value_of(mw_dir_open(ctx, rf.url, &o), 0);
+    mw_directory_t *b = value_of(mw_dir_open(ctx, rf.url, &o), 0);
+    char name[64], addrs[64];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "job/w/%03d", i);
+        publish(a, name, "10.0.0.1:7470", NULL);
+    }
+    /* a stranger's 1 MiB value under the prefix, listed in the index */
+    char *big = malloc((1 << 20) + 1);
+    memset(big, 'a', 1 << 20);
+    big[1 << 20] = 0;
+    redis_cmd(rf.sock, false, "SET mwtest:job/w/big %s", big);
+    redis_cmd(rf.sock, false, "ZADD mwtest:#index 0 mwtest:job/w/big");
+    free(big);
+
+    redis_cmd(rf.sock, false, "CONFIG SET slowlog-log-slower-than 0");
+    redis_cmd(rf.sock, false, "CONFIG SET slowlog-max-len 100000");
+    redis_cmd(rf.sock, false, "SLOWLOG RESET");
+    long long out0 = info_field("stats", "total_net_output_bytes:");
+
+    /* lists, a page at a time */
+    for (int i = 0; i < 5; i++) {
+        mw_dir_list_t *l = value_of(mw_dir_list(b, "job/w/"), 0);
+        assert_int_equal(l->n, 300);            /* the stranger's value left out */
+        mw_dir_list_free(l);
+    }
+    value_of(mw_dir_lookup(b, "job/w/big"), -EPROTO);
+    /* three watches, resynced after the store dropped their link */
+    struct seen s[3] = {{0}};
+    for (int i = 0; i < 3; i++)
+        assert_true(mw_dir_watch(b, "job/", on_watch, &s[i]) >= 1);
+    wait_for(ctx, &s[2].synced, 1, 5000);
+    assert_int_equal(s[0].joined, 300);
+    redis_cmd(rf.sock, false, "CLIENT KILL TYPE pubsub");
+    wait_for(ctx, &s[2].synced, 2, 5000);
+    assert_int_equal(s[2].synced, 2);
+    /* 20 updates: the watchers get each value with its event, no GET (the
+     * one GET per update is the publisher's: its previous entry is deleted
+     * only if still its own) */
+    long long gets0 = info_field("commandstats", "cmdstat_get:calls=");
+    for (int i = 1; i <= 20; i++) {
+        snprintf(addrs, sizeof addrs, "10.0.1.%d:7470", i);
+        publish(a, "job/u", addrs, NULL);
+    }
+    for (uint64_t end = now_ms() + 5000;
+         strcmp(s[2].last_addrs, "10.0.1.20:7470") && now_ms() < end;)
+        run(ctx, 20, NULL);
+    assert_string_equal(s[2].last_addrs, "10.0.1.20:7470");
+    assert_int_equal(info_field("commandstats", "cmdstat_get:calls=") - gets0, 20);
+
+    /* the 1 MiB value was never sent: 5 lists of 300 entries, 3 resyncs
+     * twice, 20 updates to 4 subscribers, and these INFO replies */
+    long long sent = info_field("stats", "total_net_output_bytes:") - out0;
+    assert_true(sent < (1 << 20));
+    char what[100];
+    long long worst = longest_command(what, sizeof what);
+    if (worst > 10000)
+        fail_msg("the store ran one command for %lld us: %s", worst, what);
+    redis_cmd(rf.sock, false, "CONFIG SET slowlog-log-slower-than 10000");
+    mw_dir_free(a);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+    redis_cmd(rf.sock, false, "FLUSHALL");
+}
+
+/* A stranger publishes 4 MiB on the directory's channel: the watchers'
+ * link reads at most 2 MiB of it, drops the link, and comes back. */
+static void oversized_message_drops_the_link_not_the_watch(void **state)
+{
+    (void)state;
+    redis_cmd(rf.sock, false, "FLUSHALL");
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *d = open_dir(ctx, 10000);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(d, "job/", on_watch, &s) >= 1);
+    wait_for(ctx, &s.synced, 1, 5000);
+    size_t n = 4u << 20;
+    char *big = malloc(n + 1);
+    memcpy(big, "mwtest:job/x\n", 13);
+    memset(big + 13, 'a', n - 13);
+    big[n] = 0;
+    long long out0 = info_field("stats", "total_net_output_bytes:");
+    redis_cmd(rf.sock, false, "PUBLISH mwtest:#events %s", big);
+    free(big);
+    wait_for(ctx, &s.synced, 2, 5000);
+    assert_int_equal(s.lost, 1);
+    assert_int_equal(s.synced, 2);
+    /* the server gave up on what the link no longer read */
+    assert_true(info_field("stats", "total_net_output_bytes:") - out0 < (4 << 20));
+    publish(d, "job/y", "10.0.0.1:7470", NULL);              /* and it still hears */
+    wait_for(ctx, &s.joined, 1, 2000);
+    assert_string_equal(s.last, "+job/y");
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
+/* ------------------------------------------------------------------------
  * The store's name, looked up off the loop
  * ------------------------------------------------------------------------ */
 
@@ -693,6 +835,15 @@ static void store_away_times_out_and_recovers(void **state)
     assert_int_equal(below, 0);
 }
 
+/* What a store writer can do by hand: a value under @key, listed in the
+ * prefix's index and announced to watchers as meshwire's puts are. */
+static void hostile_put(const char *key, const char *val)
+{
+    redis_cmd(rf.sock, false, "SET %s %s", key, val);
+    redis_cmd(rf.sock, false, "ZADD mwtest:#index 0 %s", key);
+    redis_cmd(rf.sock, false, "PUBLISH mwtest:#events %s\n%s", key, val);
+}
+
 static void hostile_entries_are_refused(void **state)
 {
     (void)state;
@@ -720,18 +871,21 @@ static void hostile_entries_are_refused(void **state)
 #undef ONE
 #undef ADDRS
     enum { NBAD = sizeof bad / sizeof *bad };
-    for (int i = 0; i < NBAD; i++)
-        redis_cmd(rf.sock, false, "SET mwtest:bad/%d %s", i, bad[i]);
+    char key[32];
+    for (int i = 0; i < NBAD; i++) {
+        snprintf(key, sizeof key, "mwtest:bad/%d", i);
+        hostile_put(key, bad[i]);
+    }
     char *big = malloc(MW__DIR_VALUE_MAX + 100);
     memset(big, 'a', MW__DIR_VALUE_MAX + 99);
     big[MW__DIR_VALUE_MAX + 99] = 0;
-    redis_cmd(rf.sock, false, "SET mwtest:bad/big %s", big);    /* too large */
+    hostile_put("mwtest:bad/big", big);                          /* too large */
     free(big);
     redis_cmd(rf.sock, false, "HSET mwtest:bad/hash f v");      /* not a string */
-    redis_cmd(rf.sock, false, "SET %s %s", "mwtest:bad/a b", "x");   /* not a name */
-    redis_cmd(rf.sock, false, "SET mwtest:bad/ok %s",
-              "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
-              "region kv 4096\nserves 1\ntag t\n");
+    redis_cmd(rf.sock, false, "ZADD mwtest:#index 0 mwtest:bad/hash");
+    hostile_put("mwtest:bad/a b", "x");                          /* not a name */
+    hostile_put("mwtest:bad/ok", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
+                                 "region kv 4096\nserves 1\ntag t\n");
 
     mw_ctx_t *ctx = ctx_new();
     mw_directory_t *d = open_dir(ctx, 10000);
@@ -757,9 +911,9 @@ static void hostile_entries_are_refused(void **state)
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
     assert_int_equal(s.joined, 1);
-    redis_cmd(rf.sock, false, "SET mwtest:bad/late garbage");                  /* a hostile change */
-    redis_cmd(rf.sock, false, "SET mwtest:bad/late2 %s",                       /* and a port too far */
-              "mw-dir 1\naddrs 10.0.0.1:70000\ninstance 0000000000000002\n");
+    hostile_put("mwtest:bad/late", "garbage");                  /* a hostile change */
+    hostile_put("mwtest:bad/late2",                             /* and a port too far */
+                "mw-dir 1\naddrs 10.0.0.1:70000\ninstance 0000000000000002\n");
     run(ctx, 300, NULL);
     assert_int_equal(s.joined, 1);
     mw_dir_free(d);
@@ -996,6 +1150,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(two_publishers_of_one_name),
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
+        cmocka_unit_test(shared_store_work_is_bounded),
+        cmocka_unit_test(oversized_message_drops_the_link_not_the_watch),
         cmocka_unit_test(watch_needs_notifications_its_owner_turns_on),
         cmocka_unit_test(store_with_a_password),
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),

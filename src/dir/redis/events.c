@@ -1,8 +1,9 @@
-/* The event link: keyspace notifications of the directory's keys.  Once
- * connected it checks that the store sends them (set, del and expired:
- * "K$gx"; turned on only when the directory was opened with
- * configure_store: a store's configuration is its owner's), then
- * subscribes to those of "PREFIX*"; it is up once the store confirmed the
+/* The event link: what happens to the directory's keys.  Values put come
+ * on the channel PREFIX#events (redis.h); keys gone come as keyspace
+ * notifications (del and expired: "Kgx").  Once connected the link checks
+ * that the store sends those (turned on only when the directory was
+ * opened with configure_store: a store's configuration is its owner's),
+ * subscribes to both, and is up once the store confirmed the second
  * subscription. */
 #include <errno.h>
 #include <stdio.h>
@@ -30,15 +31,28 @@ static void keyspace_message(struct mw__store *st, const redisReply *rep)
         return;
     const char *key = strchr(rep->element[2]->str, ':');
     const char *what = rep->element[3]->str;
-    if (!key || !st->hooks.event)
-        return;
-    if (!strcmp(what, "set"))
-        st->hooks.event(st->hooks.arg, key + 1, MW__STORE_SET);
-    else if (!strcmp(what, "del") || !strcmp(what, "expired"))
-        st->hooks.event(st->hooks.arg, key + 1, MW__STORE_GONE);
+    if (key && (!strcmp(what, "del") || !strcmp(what, "expired")))
+        st->hooks.event(st->hooks.arg, key + 1, MW__STORE_GONE, NULL, 0);
 }
 
-/* ["psubscribe", pattern, n] once, then pmessages. */
+/* ["message", "PREFIX#events", "KEY\nVALUE"]: a put (redis.h) */
+static void put_message(struct mw__store *st, const redisReply *rep)
+{
+    const redisReply *m = rep->elements == 3 ? rep->element[2] : NULL;
+    if (!m || m->type != REDIS_REPLY_STRING)
+        return;
+    char key[MW__STORE_KEY_MAX + 1];
+    const char *nl = memchr(m->str, '\n', m->len < sizeof key ? m->len : sizeof key);
+    size_t vlen = nl ? m->len - (size_t)(nl + 1 - m->str) : 0;
+    if (!nl || vlen > MW__STORE_VALUE_MAX)
+        return;                         /* not a put's: no key, or too long */
+    memcpy(key, m->str, (size_t)(nl - m->str));
+    key[nl - m->str] = 0;
+    st->hooks.event(st->hooks.arg, key, MW__STORE_SET, nl + 1, vlen);
+}
+
+/* ["psubscribe", pattern, n], ["subscribe", channel, n] once each, then
+ * pmessages and messages. */
 static void on_event_msg(redisAsyncContext *ac, void *reply, void *privdata)
 {
     (void)ac;
@@ -47,25 +61,30 @@ static void on_event_msg(redisAsyncContext *ac, void *reply, void *privdata)
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 3 ||
         rep->element[0]->type != REDIS_REPLY_STRING)
         return;
-    if (!strcmp(rep->element[0]->str, "psubscribe"))
+    const char *kind = rep->element[0]->str;
+    if (!strcmp(kind, "subscribe"))     /* the second: both are in place */
         events_up(l, 0);
-    else if (!strcmp(rep->element[0]->str, "pmessage"))
+    else if (!strcmp(kind, "pmessage"))
         keyspace_message(l->st, rep);
+    else if (!strcmp(kind, "message"))
+        put_message(l->st, rep);
 }
 
 static void subscribe(struct mw__redis_link *l)
 {
     struct mw__store *st = l->st;
+    char chan[128];
+    mw__redis_side_key(st, "events", chan, sizeof chan);
     redisAsyncCommand(l->ac, on_event_msg, l, "PSUBSCRIBE __keyspace@%d__:%s*", st->addr.db,
                       st->prefix);
+    redisAsyncCommand(l->ac, on_event_msg, l, "SUBSCRIBE %s", chan);
 }
 
-/* Whether @flags (a notify-keyspace-events value) covers K, $, g, x. */
+/* Whether @flags (a notify-keyspace-events value) covers K, g, x. */
 static bool config_covers(const char *flags)
 {
     bool all = strchr(flags, 'A') != NULL;
-    return strchr(flags, 'K') && (all || (strchr(flags, '$') && strchr(flags, 'g') &&
-                                          strchr(flags, 'x')));
+    return strchr(flags, 'K') && (all || (strchr(flags, 'g') && strchr(flags, 'x')));
 }
 
 static void on_config_set(redisAsyncContext *ac, void *reply, void *privdata)
@@ -78,7 +97,7 @@ static void on_config_set(redisAsyncContext *ac, void *reply, void *privdata)
     if (rep->type == REDIS_REPLY_ERROR) {
         MW_LOG(l->st->ctx, MW_LOG_ERROR,
                 "directory: the store refused to send keyspace notifications (%s): set "
-                "notify-keyspace-events to include K$gx in its configuration to watch",
+                "notify-keyspace-events to include Kgx in its configuration to watch",
                 rep->str);
         events_up(l, -ENOTSUP);
         return;
@@ -103,14 +122,14 @@ static void on_config(redisAsyncContext *ac, void *reply, void *privdata)
     if (!l->st->configure) {
         MW_LOG(l->st->ctx, MW_LOG_ERROR,
                "directory: watches need the store's keyspace notifications: its "
-               "notify-keyspace-events is %s%.32s%s; set it to include K$gx (redis.conf, or "
+               "notify-keyspace-events is %s%.32s%s; set it to include Kgx (redis.conf, or "
                "CONFIG SET), or open the directory with configure_store",
                cur ? "\"" : "", cur ? cur : "unreadable (CONFIG refused)", cur ? "\"" : "");
         events_up(l, -ENOTSUP);
         return;
     }
     char want[64];
-    snprintf(want, sizeof want, "%sK$gx", cur && strlen(cur) < 32 ? cur : "");
+    snprintf(want, sizeof want, "%sKgx", cur && strlen(cur) < 32 ? cur : "");
     redisAsyncCommand(ac, on_config_set, l, "CONFIG SET notify-keyspace-events %s", want);
 }
 

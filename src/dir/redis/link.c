@@ -7,8 +7,8 @@
 #include <event2/event.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
-#include <hiredis/adapters/libevent.h>
 
+#include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/resolve.h"
 #include "dir/redis/redis.h"
@@ -16,51 +16,103 @@
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
 
-/* hiredis's libevent adapter adds its events to the base directly; these
- * wrappers also tell mw_ctx_fd's set about the descriptor, so a caller
- * driving meshwire through mw_ctx_fd sees the store's traffic too. */
-static struct mw__redis_link *link_of_events(void *privdata)
+/* The link's events on the context's base: hiredis's libevent adapter,
+ * with two differences.  mw_ctx_fd's set knows the descriptor, so a caller
+ * driving meshwire through mw_ctx_fd sees the store's traffic too.  And a
+ * reply that grows past REPLY_MAX drops the link: hiredis 0.14 buffers a
+ * bulk string whole, so a value or message a stranger put in the store
+ * would otherwise be read whatever its size (the buffer is checked before
+ * each read of at most 16 KiB). */
+#define REPLY_MAX (2u << 20)
+
+struct adapter {
+    redisAsyncContext *ac;
+    struct mw__redis_link *l;
+    struct event *rev, *wev;
+    int fd;
+};
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-    redisLibeventEvents *e = privdata;
-    return e->context->data;
+    (void)fd, (void)what;
+    struct adapter *a = arg;
+    const redisReader *r = a->ac->c.reader;
+    if (r && r->len - r->pos > REPLY_MAX) {
+        struct mw__redis_link *l = a->l;
+        MW_LOG(l->st->ctx, MW_LOG_WARN,
+               "directory: the store sent a reply over 2 MiB: link dropped, retrying");
+        l->dropped = "the store sent a reply over 2 MiB";
+        l->ac = NULL;
+        redisAsyncFree(a->ac);             /* on_disconnect, then adapter_cleanup */
+        return;
+    }
+    redisAsyncHandleRead(a->ac);
 }
 
-static int fd_of_events(void *privdata)
+static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
-    return ((redisLibeventEvents *)privdata)->context->c.fd;
+    (void)fd, (void)what;
+    redisAsyncHandleWrite(((struct adapter *)arg)->ac);
 }
 
-static void hook_add_write(void *privdata)
+static void adapter_add_read(void *privdata)
 {
-    struct mw__redis_link *l = link_of_events(privdata);
-    l->libevent_add_write(privdata);
-    mw__watch_fd_out(l->st->ctx, fd_of_events(privdata), true);
+    struct adapter *a = privdata;
+    event_add(a->rev, NULL);
 }
 
-static void hook_del_write(void *privdata)
+static void adapter_del_read(void *privdata)
 {
-    struct mw__redis_link *l = link_of_events(privdata);
-    l->libevent_del_write(privdata);
-    mw__watch_fd_out(l->st->ctx, fd_of_events(privdata), false);
+    event_del(((struct adapter *)privdata)->rev);
 }
 
-static void hook_cleanup(void *privdata)
+static void adapter_add_write(void *privdata)
 {
-    struct mw__redis_link *l = link_of_events(privdata);
-    mw__unwatch_fd(l->st->ctx, fd_of_events(privdata));
-    l->libevent_cleanup(privdata);
+    struct adapter *a = privdata;
+    event_add(a->wev, NULL);
+    mw__watch_fd_out(a->l->st->ctx, a->fd, true);
 }
 
-static void wrap_adapter(struct mw__redis_link *l, redisAsyncContext *ac)
+static void adapter_del_write(void *privdata)
 {
-    l->libevent_add_write = ac->ev.addWrite;
-    l->libevent_del_write = ac->ev.delWrite;
-    l->libevent_cleanup = ac->ev.cleanup;
-    ac->ev.addWrite = hook_add_write;
-    ac->ev.delWrite = hook_del_write;
-    ac->ev.cleanup = hook_cleanup;
-    mw__watch_fd(l->st->ctx, ac->c.fd);
-    mw__watch_fd_out(l->st->ctx, ac->c.fd, true);
+    struct adapter *a = privdata;
+    event_del(a->wev);
+    mw__watch_fd_out(a->l->st->ctx, a->fd, false);
+}
+
+static void adapter_cleanup(void *privdata)
+{
+    struct adapter *a = privdata;
+    mw__unwatch_fd(a->l->st->ctx, a->fd);
+    event_free(a->rev);
+    event_free(a->wev);
+    mw__free(a);
+}
+
+static int adapter_attach(struct mw__redis_link *l, redisAsyncContext *ac)
+{
+    struct adapter *a = mw__calloc(1, sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    *a = (struct adapter){.ac = ac, .l = l, .fd = ac->c.fd};
+    struct event_base *base = l->st->ctx->base;
+    a->rev = event_new(base, a->fd, EV_READ, on_readable, a);
+    a->wev = event_new(base, a->fd, EV_WRITE, on_writable, a);
+    if (!a->rev || !a->wev || mw__watch_fd(l->st->ctx, a->fd) < 0) {
+        if (a->rev)
+            event_free(a->rev);
+        if (a->wev)
+            event_free(a->wev);
+        mw__free(a);
+        return -ENOMEM;
+    }
+    ac->ev.data = a;
+    ac->ev.addRead = adapter_add_read;
+    ac->ev.delRead = adapter_del_read;
+    ac->ev.addWrite = adapter_add_write;
+    ac->ev.delWrite = adapter_del_write;
+    ac->ev.cleanup = adapter_cleanup;
+    return 0;
 }
 
 static void link_retry_later(struct mw__redis_link *l)
@@ -85,7 +137,9 @@ static void link_lost(struct mw__redis_link *l, const char *why)
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
     struct mw__redis_link *l = ac->data;
-    link_lost(l, status == REDIS_OK ? "closed" : ac->errstr);
+    const char *why = l->dropped ? l->dropped : status == REDIS_OK ? "closed" : ac->errstr;
+    l->dropped = NULL;
+    link_lost(l, why);
 }
 
 /* The answer to the first command on a link (AUTH, or a PING without
@@ -166,7 +220,7 @@ static redisAsyncContext *link_dial(struct mw__redis_link *l, const char *numeri
         return NULL;
     }
     ac->data = l;
-    if (redisLibeventAttach(ac, st->ctx->base) != REDIS_OK) {
+    if (adapter_attach(l, ac) < 0) {
         redisAsyncFree(ac);
         return NULL;
     }
@@ -181,7 +235,7 @@ static void link_start(struct mw__redis_link *l, const char *numeric)
         return;
     }
     l->ac = ac;
-    wrap_adapter(l, ac);
+    mw__watch_fd_out(l->st->ctx, ac->c.fd, true);   /* connecting: writable when done */
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     /* a connect that hangs is given up at the timeout */

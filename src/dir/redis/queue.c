@@ -15,7 +15,7 @@
 #include "core/ctx.h"
 #include "dir/redis/redis.h"
 
-#define ARGS_MAX 6
+#define ARGS_MAX 8
 
 struct req {
     struct mw__store *st;
@@ -76,12 +76,22 @@ static void flush_waiting(struct mw__store *st)
     }
 }
 
+/* An error our scripts raise (requests.c): Redis 7 puts "ERR " before it. */
+static bool script_error(const redisReply *rep, const char *tag)
+{
+    const char *s = !strncmp(rep->str, "ERR ", 4) ? rep->str + 4 : rep->str;
+    return !strcmp(s, tag);
+}
+
 static void req_answer(struct req *r, const redisReply *rep)
 {
     if (!rep)
         req_finish(r, -ECANCELED, "the directory closed", NULL);
-    else if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "WRONGTYPE", 9))
+    else if (rep->type == REDIS_REPLY_ERROR && (!strncmp(rep->str, "WRONGTYPE", 9) ||
+                                                script_error(rep, "MWTYPE")))
         req_finish(r, -EPROTO, "not a meshwire entry (a key of another type)", NULL);
+    else if (rep->type == REDIS_REPLY_ERROR && script_error(rep, "MWBIG"))
+        req_finish(r, -EPROTO, "not a meshwire entry (over 8 KiB)", NULL);
     else if (rep->type == REDIS_REPLY_ERROR)
         req_finish(r, -EIO, rep->str, NULL);
     else

@@ -7,11 +7,22 @@
  *   link.c      a connection to Redis: look up, connect, lose, retry
  *   queue.c     requests: a deadline each, waiting in order, sent again
  *   requests.c  each request kind: its command, and the decoder of its reply
- *   events.c    the event link: keyspace notifications
+ *   scan.c      a list: the prefix's index read a page per request
+ *   events.c    the event link: values put, keys gone
  *
  * Two links on the context's event base: one for requests, one subscribed
- * to the keyspace notifications of the directory's keys, each reconnected
- * with a growing pause while the store is away.  Internal (mw__ names). */
+ * to what happens to the directory's keys, each reconnected with a growing
+ * pause while the store is away.  Internal (mw__ names).
+ *
+ * The work asked of a store shared with others stays proportional to the
+ * directory's own keys: beside its entries ('#' is never in a name) the
+ * directory keeps PREFIX#index, a sorted set of its entries' keys (lists
+ * read it a page at a time, never the keyspace), and PREFIX#events, the
+ * channel where a put announces "KEY\nVALUE" (watchers get the value there,
+ * with no GET).  Keys gone (deleted, expired) come as keyspace
+ * notifications ("Kgx").  A value is read only when it is a string of at
+ * most MW__STORE_VALUE_MAX bytes: a stranger's 512 MB value, or a key of
+ * another type, is never sent. */
 #ifndef MW_DIR_REDIS_H
 #define MW_DIR_REDIS_H
 
@@ -39,6 +50,17 @@ struct mw__redis_addr {
  * Return: 0, or -EINVAL with @why. */
 int mw__redis_parse_url(const char *url, struct mw__redis_addr *a, const char **why);
 
+/* mw__redis_side_key() - PREFIX#@what in @buf. */
+void mw__redis_side_key(const struct mw__store *st, const char *what, char *buf, size_t cap);
+
+/* Lua, for a key @k: t its type, big whether it is a string too long to read. */
+#define MW__REDIS_STR_(x) #x
+#define MW__REDIS_STR(x) MW__REDIS_STR_(x)
+#define MW__REDIS_CHECK_LUA(k)                                                           \
+    "local t = redis.call('TYPE', " k ").ok "                                           \
+    "local big = t == 'string' and redis.call('STRLEN', " k ") > "                      \
+    MW__REDIS_STR(MW__STORE_VALUE_MAX) " "
+
 /* link.c: one hiredis asynchronous connection */
 struct mw__redis_link {
     struct mw__store *st;
@@ -50,8 +72,7 @@ struct mw__redis_link {
     struct event *retry_ev;       /* reconnect, or give up a connect in progress */
     /* connected: the link's own setup, which sets @up once it is done */
     void (*ready)(struct mw__redis_link *l);
-    void (*libevent_add_write)(void *), (*libevent_del_write)(void *),
-        (*libevent_cleanup)(void *);
+    const char *dropped;          /* why the link was dropped, for its loss */
 };
 
 struct mw__store {
@@ -85,7 +106,7 @@ struct mw__redis_caller {
         mw__store_renew_fn renew;
         mw__store_get_fn get;
         mw__store_scan_fn scan;
-    } fn;
+    } fn;                         /* (a list's pages: unused) */
     void *arg;
 };
 

@@ -43,60 +43,26 @@ static void decode_get(const struct mw__redis_caller *to, int err, const char *w
         to->fn.get(to->arg, err, why, err ? NULL : rep->str, err ? 0 : rep->len);
 }
 
-/* A scan's key/value pairs, pointing into its reply. */
-struct pairs {
-    size_t n;
-    const char **keys, **vals;
-    size_t *lens;
-};
-
-/* @rep: [key, value, key, value...], every one a string.  On refusal
- * @p->n stays 0 (the arrays may be allocated). */
-static int pairs_take(struct pairs *p, const redisReply *rep, const char **why)
+void mw__redis_side_key(const struct mw__store *st, const char *what, char *buf, size_t cap)
 {
-    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements % 2)
-        return *why = "the store answered the scan with something else than key/value pairs",
-               -EPROTO;
-    size_t n = rep->elements / 2;
-    if (!n)
-        return 0;
-    p->keys = mw__calloc(n, sizeof *p->keys);
-    p->vals = mw__calloc(n, sizeof *p->vals);
-    p->lens = mw__calloc(n, sizeof *p->lens);
-    if (!p->keys || !p->vals || !p->lens)
-        return *why = "out of memory", -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *k = rep->element[2 * i], *v = rep->element[2 * i + 1];
-        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
-            return *why = "the store's scan held a non-string", -EPROTO;
-        p->keys[i] = k->str;
-        p->vals[i] = v->str;
-        p->lens[i] = v->len;
-    }
-    p->n = n;
-    return 0;
+    snprintf(buf, cap, "%s#%s", st->prefix, what);
 }
 
-static void decode_scan(const struct mw__redis_caller *to, int err, const char *why,
-                        const redisReply *rep)
-{
-    struct pairs p = {0};
-    if (!err)
-        err = pairs_take(&p, rep, &why);
-    to->fn.scan(to->arg, err, why, p.n, p.keys, p.vals, p.lens);
-    mw__free(p.keys);
-    mw__free(p.vals);
-    mw__free(p.lens);
-}
+static const char PUT_LUA[] =
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
+    "redis.call('ZADD', KEYS[2], 0, KEYS[1]) "
+    "redis.call('PUBLISH', ARGV[3], KEYS[1] .. '\\n' .. ARGV[1]) return 1";
 
 int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t len,
                   unsigned lease_ms, mw__store_fn fn, void *arg)
 {
-    char px[16];
+    char px[16], idx[128], chan[128];
     snprintf(px, sizeof px, "%u", lease_ms);
+    mw__redis_side_key(st, "index", idx, sizeof idx);
+    mw__redis_side_key(st, "events", chan, sizeof chan);
     struct mw__redis_caller to = {.fn.plain = fn, .arg = arg};
-    return mw__redis_request(st, decode_plain, to, 5, S("SET"), S(key), val, len, S("PX"),
-                             S(px));
+    return mw__redis_request(st, decode_plain, to, 8, S("EVAL"), S(PUT_LUA), S("2"), S(key),
+                             S(idx), val, len, S(px), S(chan));
 }
 
 /* An entry is ours while it holds our instance line (entry.c writes it
@@ -107,7 +73,8 @@ static const char RENEW_LUA[] = OURS_LUA
     "if ours then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end "
     "if v == false then return 0 end return 2";
 static const char DEL_LUA[] = OURS_LUA
-    "if ours then return redis.call('DEL', KEYS[1]) end return 0";
+    "if ours then redis.call('ZREM', KEYS[2], KEYS[1]) return redis.call('DEL', KEYS[1]) end "
+    "return 0";
 
 static void instance_line(uint64_t instance, char *buf, size_t cap)
 {
@@ -128,41 +95,23 @@ int mw__store_renew(struct mw__store *st, const char *key, uint64_t instance,
 int mw__store_del(struct mw__store *st, const char *key, uint64_t instance, mw__store_fn fn,
                   void *arg)
 {
-    char line[32];
+    char line[32], idx[128];
     instance_line(instance, line, sizeof line);
+    mw__redis_side_key(st, "index", idx, sizeof idx);
     struct mw__redis_caller to = {.fn.plain = fn, .arg = arg};
-    return mw__redis_request(st, decode_plain, to, 5, S("EVAL"), S(DEL_LUA), S("1"), S(key),
-                             S(line));
+    return mw__redis_request(st, decode_plain, to, 6, S("EVAL"), S(DEL_LUA), S("2"), S(key),
+                             S(idx), S(line));
 }
+
+static const char GET_LUA[] = MW__REDIS_CHECK_LUA("KEYS[1]")
+    "if t == 'none' then return false end "
+    "if t ~= 'string' then return redis.error_reply('MWTYPE') end "
+    "if big then return redis.error_reply('MWBIG') end "
+    "return redis.call('GET', KEYS[1])";
 
 int mw__store_get(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg)
 {
     struct mw__redis_caller to = {.fn.get = fn, .arg = arg};
-    return mw__redis_request(st, decode_get, to, 2, S("GET"), S(key));
+    return mw__redis_request(st, decode_get, to, 4, S("EVAL"), S(GET_LUA), S("1"), S(key));
 }
 
-/* The whole prefix in one round trip, and consistent: SCAN and GET inside
- * one script; a key of another type (not ours) is left out.  (etcd: one
- * range request.) */
-static const char SCAN_LUA[] =
-    "local c, out = '0', {} "
-    "repeat local r = redis.call('SCAN', c, 'MATCH', ARGV[1], 'COUNT', 1000) c = r[1] "
-    "for _, k in ipairs(r[2]) do local v = redis.pcall('GET', k) "
-    "if type(v) == 'string' then out[#out + 1] = k out[#out + 1] = v end end "
-    "until c == '0' return out";
-
-int mw__store_scan(struct mw__store *st, const char *prefix, mw__store_scan_fn fn, void *arg)
-{
-    /* the prefix is plain text (names exclude glob characters): match it
-     * and anything after */
-    size_t n = strlen(prefix);
-    char *pat = mw__malloc(n + 2);
-    if (!pat)
-        return -ENOMEM;
-    memcpy(pat, prefix, n);
-    memcpy(pat + n, "*", 2);
-    struct mw__redis_caller to = {.fn.scan = fn, .arg = arg};
-    int rc = mw__redis_request(st, decode_scan, to, 4, S("EVAL"), S(SCAN_LUA), S("0"), S(pat));
-    mw__free(pat);
-    return rc;
-}
