@@ -571,6 +571,13 @@ typedef struct mw_conn_opts {
                                    at once ("busy": the client may retry)
                                    and counted as rejected.  Default 64,
                                    1..65536 */
+    unsigned max_conns;       /**< listeners: connections accepted and not
+                                   yet freed (those being set up
+                                   included); a request beyond is refused
+                                   at once ("busy") and counted as
+                                   rejected: what whoever can reach the
+                                   listener can make it hold.  0 (the
+                                   default): no limit; up to 65536 */
     mw_transport_t transport; /**< MW_TRANSPORT_AUTO (default) or
                                    MW_TRANSPORT_RDMA; the environment's
                                    MW_TRANSPORT=rdma forces RDMA for every
@@ -1373,6 +1380,13 @@ typedef struct mw_dir_pub {
     const mw_dir_share_t *shares; /**< with @listen: regions exported on
                                    every accepted connection, named */
     size_t nshares;           /**< at most 64 */
+    unsigned max_conns;       /**< with @listen: connections held at once
+                                   (accepted, not yet freed); beyond,
+                                   requests are refused "busy".  Each holds
+                                   its own export of every share, so the
+                                   memory a stranger can pin is at most
+                                   max_conns x the shares' sizes.  0: the
+                                   conn options' max_conns, else 64 */
 } mw_dir_pub_t;
 
 /**

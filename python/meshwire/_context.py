@@ -40,7 +40,7 @@ _RANGES = {
         "chunk_size": (4096, None), "timeout_ms": (1, None), "default_port": (0, 65535),
         "send_timeout_ms": (1, None), "max_msg_size": (1, 1 << 40),
         "max_inbox_bytes": (1, None), "retry_count": (0, 7), "rnr_retry": (0, 6),
-        "max_accepting": (1, 65536),
+        "max_accepting": (1, 65536), "max_conns": (0, 65536),
     },
     "directory": {"lease_ms": (300, 86400000), "timeout_ms": (1, None),
                   "configure_store": (0, 1)},

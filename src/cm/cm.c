@@ -21,6 +21,8 @@
 static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
 {
     struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    if (!verbs)
+        return;
     struct mw__dev *dev = mw__dev_find(ctx, verbs);
     const char *name = dev ? dev->name : ibv_get_device_name(verbs->device);
     struct mw__conn *c;
@@ -40,6 +42,7 @@ static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
         mw__cm_destroy_id_later(ctx, l->id);
         l->id = NULL;
     }
+    mw__sentinels_drop(ctx, cm, verbs);
     mw__dev_remove(ctx, dev);
     /* librdmacm closes its own context of a removed device only when it
      * next syncs its device list, once no id uses it: the ids go a turn
@@ -85,7 +88,7 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
         device_removed(ctx, ev->id->verbs);    /* every id on it, at once */
         return;
     }
-    if (!kind)
+    if (!kind || *kind == MW__CM_SENTINEL)
         return;
     if (*kind == MW__CM_LISTENER) {
         mw__listener_event((struct mw__listener *)kind, ev);
@@ -183,6 +186,7 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
         mw__conn_free(mw__container_of(cm->conns.next, struct mw__conn, link));
     while (!mw__list_empty(&cm->listeners))
         mw__listener_free(mw__container_of(cm->listeners.next, struct mw__listener, link));
+    mw__sentinels_drop(ctx, cm, NULL);
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
     mw__unwatch_fd(ctx, cm->ch->fd);
@@ -203,6 +207,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     *err = -ENOMEM;
     if (!(cm = mw__calloc(1, sizeof *cm)))
         return NULL;
+    cm->ctx = ctx;
     mw__list_init(&cm->conns);
     mw__list_init(&cm->listeners);
     cm->ch = rdma_create_event_channel();
@@ -227,6 +232,9 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
         (struct mw__layer){.state = cm, .teardown = cm_teardown,
                            .device_event = cm_device_event, .device_ready = cm_device_ready,
                            .metrics = mw__cm_metrics};
+    const struct mw__nic *nics;
+    size_t n;
+    mw__cm_nics(cm, &nics, &n);       /* and a sentinel on each device */
     return cm;
 }
 
@@ -263,6 +271,7 @@ void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n)
         cm->nics = NULL;
         cm->nnics = 0;
         cm->nics_valid = mw__nic_list(&cm->nics, &cm->nnics) == 0;
+        mw__sentinels_refresh(cm->ctx, cm, cm->nics, cm->nnics);
     }
     *nics = cm->nics;
     *n = cm->nnics;

@@ -22,13 +22,15 @@ struct mw__dev;
 struct mw__op;
 
 /* What an rdma_cm id's context points at: dispatch by kind. */
-enum mw__cm_kind { MW__CM_LISTENER = 1, MW__CM_CONN };
+enum mw__cm_kind { MW__CM_LISTENER = 1, MW__CM_CONN, MW__CM_SENTINEL };
 
 struct mw__nic;
 struct mw__lqp;
+struct mw__sentinel;
 struct mw__rendezvous;
 
 struct mw__cm {
+    mw_ctx_t *ctx;
     struct rdma_event_channel *ch;
     struct event *ev;
     struct mw__nic *nics;         /* local RDMA addresses, cached */
@@ -38,6 +40,7 @@ struct mw__cm {
     struct mw__list listeners;
     struct event *sync_ev;        /* after a device removal: librdmacm syncs */
     int sync_left;
+    struct mw__sentinel *sentinels;   /* an id bound to each device (sentinel.c) */
 };
 
 enum mw__conn_state {
@@ -74,6 +77,7 @@ struct mw__listener {
     mw_accept_fn cb;
     void *arg;
     mw_listener_stats_t stats;
+    unsigned live;                /* connections accepted, not yet freed */
     struct mw__list link;
 };
 
@@ -242,6 +246,7 @@ struct mw__conn {
     struct mw__list link;         /* in cm->conns */
     enum mw__conn_side side;
     enum mw__conn_owner owner;
+    struct mw__listener *counted_by;  /* accepted: its listener's live count */
     enum mw__conn_state state;    /* change through mw__conn_set_state */
     int err;                      /* why it broke (0 while healthy) */
     char why[160];
@@ -383,6 +388,13 @@ void mw__rdma_drop_exports(struct mw__conn *c);
 bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t addr, uint64_t len);
 void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
+
+/* sentinel.c: an id bound to each device of @nics that has none yet, so
+ * that the context hears of the device's removal; dropped (destroyed
+ * later) for @verbs' device, or for every device with NULL. */
+void mw__sentinels_refresh(mw_ctx_t *ctx, struct mw__cm *cm, const struct mw__nic *nics,
+                           size_t n);
+void mw__sentinels_drop(mw_ctx_t *ctx, struct mw__cm *cm, const struct ibv_context *verbs);
 
 /* connect.c / listen.c: rdma_cm events for each kind */
 void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev);

@@ -85,7 +85,8 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->slot_size > (16u << 20) || o->max_rdma_inflight < 1 || o->chunk_size < 4096 ||
         o->timeout_ms < 1 || o->default_port > 65535 || o->send_timeout_ms < 1 ||
         o->max_msg_size < 1 || o->max_msg_size > MW__MSG_MAX || o->max_inbox_bytes < 1 ||
-        o->max_accepting < 1 || o->max_accepting > 65536 || o->retry_count > 7 ||
+        o->max_accepting < 1 || o->max_accepting > 65536 || o->max_conns > 65536 ||
+        o->retry_count > 7 ||
         o->rnr_retry > 6 ||
         (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA))
         return -EINVAL;
@@ -578,6 +579,8 @@ void mw__conn_free(struct mw__conn *c)
     MW__CHECK(c->ctx, c->ctx->closing || (c->owner != MW__OWNER_CALLER && mw__conn_drained(c)) ||
                           !c->id);
     mw__conn_set_state(c, MW__CONN_FREED);
+    if (c->counted_by)
+        c->counted_by->live--;
     mw__handle_release(c->h);
     c->h = 0;
     mw__defer_cancel(c->ctx, &c->finish_task);

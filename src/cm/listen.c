@@ -112,6 +112,8 @@ void mw__listener_free(struct mw__listener *l)
     mw__list_for_each(c, &cm->conns, link) {
         if (c->setup && c->setup->listener == l)
             c->setup->listener = NULL;
+        if (c->counted_by == l)
+            c->counted_by = NULL;
     }
     mw__list_del(&l->link);
     if (l->id)
@@ -217,9 +219,13 @@ void mw__accept_device_ready(struct mw__conn *c, int err)
  * slots until established, failed or timed out (timeout_ms).  At
  * max_accepting a new request is refused at once, which costs next to
  * nothing: a flood of requests that never complete (half-open) holds a
- * bounded amount, and is turned away cheaply. */
+ * bounded amount, and is turned away cheaply.  At max_conns the same goes
+ * for connections that do complete and stay: what a stranger can make the
+ * listener hold (queue pairs, slots, exports) is bounded either way. */
 static bool room_for_one_more(const struct mw__listener *l)
 {
+    if (l->opts.max_conns && l->live >= l->opts.max_conns)
+        return false;
     struct mw__cm *cm = l->ctx->layers[MW__LAYER_CM].state;
     unsigned n = 0;
     struct mw__conn *c;
@@ -247,6 +253,8 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
     }
     mw__conn_take_id(c, ev->id);
     c->setup->listener = l;
+    c->counted_by = l;
+    l->live++;
     c->setup->peer_rd_depth = ev->param.conn.initiator_depth;
     c->setup->peer_rd_resources = ev->param.conn.responder_resources;
     char reason[160];

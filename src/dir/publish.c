@@ -38,6 +38,24 @@ struct pub {
  * Publishing
  * ------------------------------------------------------------------------ */
 
+/* Anyone who can reach the listener may connect, and each connection holds
+ * its own export of every share: max_conns bounds what strangers can pin. */
+#define PUB_MAX_CONNS 64
+
+static int pub_listen(struct pub *p, const mw_dir_pub_t *pub)
+{
+    mw_conn_opts_t o;
+    if (pub->conn)
+        o = *pub->conn;
+    else
+        mw_conn_opts_init(&o);
+    if (pub->max_conns)
+        o.max_conns = pub->max_conns;
+    else if (!o.max_conns)
+        o.max_conns = PUB_MAX_CONNS;
+    return mw_listen(p->d->ctx, pub->listen, &o, mw__dir_serve_accept, &p->serve, &p->l);
+}
+
 static void pub_unref(struct pub *p)
 {
     if (--p->refs)
@@ -230,9 +248,7 @@ mw_future_t *mw_dir_publish(mw_directory_t *h, const char *name, const mw_dir_pu
         err = -ENOMEM, why = "out of memory";
     else if (pub->listen && (err = mw__dir_serve_init(&p->serve, d->ctx, pub)) < 0)
         why = "out of memory";
-    else if (pub->listen &&
-             (err = mw_listen(d->ctx, pub->listen, pub->conn, mw__dir_serve_accept, &p->serve,
-                              &p->l)) < 0)
+    else if (pub->listen && (err = pub_listen(p, pub)) < 0)
         why = "cannot listen";
     else
         err = pub_encode(p, pub, &why);

@@ -2,7 +2,8 @@
  * kernel's DEVICE_REMOVAL).  Work pending on it fails with -ENODEV naming
  * the device, meshwire releases everything it held there so the removal
  * completes, connections on the other device go on, and once the device is
- * added back a new connection over it works.  Runs last in the rxe suite:
+ * added back a new connection over it works; the same with nothing on the
+ * device but a listener on every address and memory.  Runs last in the rxe suite:
  * it changes the node's devices (and restores them), and only inside the
  * VMs of tools/rxe-vm, never on a host's own devices. */
 #include <errno.h>
@@ -209,6 +210,82 @@ static void device_deleted_under_live_connections(void **state)
     mw_ctx_free(ctx);
 }
 
+/* A process whose only uses of a device are a listener on every address
+ * ("*": no id of its own is bound to the device) and memory registered
+ * there (a connection came and went): the device is deleted all the same,
+ * the listener goes on accepting over the other device, and over the
+ * device once it is added back. */
+static void device_removed_under_a_listener_and_memory(void **state)
+{
+    (void)state;
+    const char *where = getenv("MW_RXE_WHERE");
+    if (!where || strcmp(where, "vm"))
+        skip();
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    void *mem = mw_alloc(ctx, 64u << 20);
+    memset(mem, 1, 64u << 20);
+    struct server s;
+    mw_listener_t *any;
+    mw_conn_t *accepted = NULL;
+    assert_int_equal(mw_listen(ctx, "*:0", NULL, rxe_keep_first, &accepted, &any), 0);
+    int port = mw_listener_port(any);
+    /* a connection over the device: its PD and CQ open, the memory
+     * registered with it; then gone */
+    mw_conn_t *c = pair(ctx, addrs[1], &s);
+    round_trip(ctx, c, s.c);
+    mw_conn_stats_t st;
+    mw_conn_stats(c, &st);
+    char dev[64], netdev[64];
+    snprintf(dev, sizeof dev, "%s", st.device);
+    netdev_of(dev, netdev, sizeof netdev);
+    assert_true(netdev[0] != 0);
+    mw_conn_abort(c);
+    mw_conn_abort(s.c);
+    mw_listener_free(s.l);
+    rxe_wait_conns_gone(ctx);
+
+    double took;
+    char *del[] = {"rdma", "link", "delete", dev, NULL};
+    int rc = rxe_run_while_looping(ctx, del, &took);
+    printf("rdma link delete %s under a \"*\" listener and 64 MiB registered: exit %d after "
+           "%.2f s\n", dev, rc, took);
+    assert_int_equal(rc, 0);
+    assert_true(took < 10);
+    /* the listener goes on, over the other device */
+    mw_conn_t *c0 = rxe_connect(ctx, addrs[0], port, NULL);
+    while (!accepted)
+        loop_for(ctx, 5);
+    round_trip(ctx, c0, accepted);
+    mw_conn_abort(c0);
+    mw_conn_abort(accepted);
+    accepted = NULL;
+
+    char *add[] = {"rdma", "link", "add", dev, "type", "rxe", "netdev", netdev, NULL};
+    rc = rxe_run_while_looping(ctx, add, &took);
+    assert_int_equal(rc, 0);
+    /* and over the device added back (the kernel listens there anew) */
+    mw_conn_t *c1 = NULL;
+    for (int i = 0; i < 50 && !c1; i++) {
+        mw_future_t *f = rxe_connect_future(ctx, addrs[1], port, NULL);
+        if (mw_wait(f) == 0)
+            c1 = mw_future_value(f);
+        mw_future_unref(f);
+        if (!c1)
+            loop_for(ctx, 100);
+    }
+    assert_non_null(c1);
+    while (!accepted)
+        loop_for(ctx, 5);
+    round_trip(ctx, c1, accepted);
+    mw_conn_abort(c1);
+    mw_conn_abort(accepted);
+    mw_listener_free(any);
+    rxe_wait_conns_gone(ctx);
+    mw_free(ctx, mem);
+    mw_ctx_free(ctx);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -219,6 +296,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_deleted_under_live_connections),
+        cmocka_unit_test(device_removed_under_a_listener_and_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

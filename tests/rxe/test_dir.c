@@ -3,7 +3,8 @@
  * communicator of 3 ranks (processes) formed through Redis, past a stale
  * entry of an earlier run; one that cannot form names who is missing; a
  * rank 0 that restarts with a new run makes the others start over; a rank
- * that dies, restarted, rejoins the survivors' communicator. */
+ * that dies, restarted, rejoins the survivors' communicator; a stranger
+ * cannot make a publication hold more than max_conns connections. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -164,6 +165,108 @@ static void connect_by_name_reaches_shared_regions(void **state)
     rxe_wait_conns_gone(ctx);
     mw_free(ctx, kv);
     mw_free(ctx, scratch);
+    mw_ctx_free(ctx);
+}
+
+/* What the kernel counts as pinned for this process (VmPin), in MiB. */
+static double pinned_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmPin: %lf kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib / 1024;
+}
+
+struct held {
+    mw_conn_t *c[16];
+    int n;
+};
+
+static void hold(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    struct held *h = arg;
+    if (h->n < 16)
+        h->c[h->n++] = c;
+    else
+        mw_conn_abort(c);
+}
+
+/* Whoever can reach a publication may connect, and each connection gets
+ * its own export of every share: a stranger opening 12 connections to one
+ * with max_conns 4 holds 4 (the rest refused "busy"), so what it can make
+ * the publisher pin is 4 exports; once the publisher frees connections,
+ * others get in. */
+static void publication_holds_at_most_max_conns(void **state)
+{
+    (void)state;
+    enum { SHARE = 64u << 20, TRIES = 12, MAX = 4 };
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_directory_t *srv = open_dir(ctx);
+    uint8_t *kv = mw_alloc(ctx, SHARE);
+    memset(kv, 1, SHARE);
+    struct held h = {0};
+    mw_dir_share_t share = {"kv", kv, SHARE};
+    mw_dir_pub_t pub = {.listen = "*:0", .on_accept = hold, .arg = &h,
+                        .shares = &share, .nshares = 1, .max_conns = MAX};
+    double pin0 = pinned_mib();
+    value_of(mw_dir_publish(srv, "job/capped/0", &pub), 0);
+    mw_dir_list_t *l = value_of(mw_dir_lookup(srv, "job/capped/0"), 0);
+    char target[1100];
+    snprintf(target, sizeof target, "%s", l->e[0].addrs);
+    mw_dir_list_free(l);
+
+    mw_future_t *f[TRIES];
+    for (int i = 0; i < TRIES; i++)
+        f[i] = mw_connect(ctx, target, NULL);
+    int ok = 0, busy = 0;
+    mw_conn_t *mine[TRIES];
+    for (int i = 0; i < TRIES; i++) {
+        mw_future_set_timeout(f[i], 60000);
+        if (mw_wait(f[i]) == 0)
+            mine[ok++] = mw_future_value(f[i]);
+        else
+            busy += strstr(mw_future_message(f[i]), "busy") != NULL;
+        mw_future_unref(f[i]);
+    }
+    loop_for(ctx, 200);
+    double pinned = pinned_mib() - pin0;
+    printf("%d connections of %d held, %d refused busy; %.0f MiB pinned\n", ok, TRIES, busy,
+           pinned);
+    assert_int_equal(ok, MAX);
+    assert_int_equal(busy, TRIES - MAX);
+    assert_int_equal(h.n, MAX);
+    /* the publisher's exports (one per connection and share) and both
+     * ends' message slots: never the 12 exports the stranger asked for */
+    assert_true(pinned < (MAX + 2) * (SHARE >> 20));
+
+    /* the publisher lets two go: two more get in */
+    value_of(mw_conn_close(h.c[0]), 0);
+    value_of(mw_conn_close(h.c[1]), 0);
+    loop_for(ctx, 200);
+    for (int i = 0; i < 2; i++) {
+        mw_future_t *g = mw_connect(ctx, target, NULL);
+        mw_future_set_timeout(g, 60000);
+        if (mw_wait(g))
+            fail_msg("after two left: %s", mw_future_message(g));
+        mine[ok++] = mw_future_value(g);
+        mw_future_unref(g);
+    }
+    loop_for(ctx, 200);
+    assert_int_equal(h.n, MAX + 2);
+    for (int i = 0; i < ok; i++)
+        mw_conn_abort(mine[i]);
+    for (int i = 2; i < h.n; i++)
+        mw_conn_abort(h.c[i]);
+    mw_dir_free(srv);
+    rxe_wait_conns_gone(ctx);
+    mw_free(ctx, kv);
     mw_ctx_free(ctx);
 }
 
@@ -393,6 +496,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(connect_by_name_reaches_shared_regions),
+        cmocka_unit_test(publication_holds_at_most_max_conns),
         cmocka_unit_test(comm_forms_past_a_stale_entry),
         cmocka_unit_test(comm_missing_rank_is_named),
         cmocka_unit_test(comm_restarted_rank0_starts_over),
