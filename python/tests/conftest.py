@@ -44,32 +44,48 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 77
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    """A redis-server of the test module's own (Debian's, as scripts/setup
-    installs it) on a unix socket: the directory's store."""
+def _redis(d, *config):
+    """A redis-server (Debian's, as scripts/setup installs it) on a unix
+    socket in directory @d, with @config options: (process, "unix:SOCK")."""
     server = "/usr/bin/redis-server"
     if not os.access(server, os.X_OK):
         pytest.fail("redis-server not installed (scripts/setup installs it)")
-    d = tmp_path_factory.mktemp("redis")
     sock = str(d / "redis.sock")
     p = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "",
-                          "--appendonly", "no", "--dir", str(d),
-                          "--notify-keyspace-events", "Kgx"],
+                          "--appendonly", "no", "--dir", str(d), *config],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(500):
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock)
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return p, f"unix:{sock}"
+        except OSError:
+            time.sleep(0.01)
+    p.terminate()
+    p.wait()
+    pytest.fail(f"redis-server did not answer on {sock} within 5 s")
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """The test module's own store, set up for meshwire by its owner
+    (keyspace notifications on)."""
+    p, url = _redis(tmp_path_factory.mktemp("redis"), "--notify-keyspace-events", "Kgx")
     try:
-        for _ in range(500):
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(sock)
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                time.sleep(0.01)
-        else:
-            pytest.fail(f"redis-server did not answer on {sock} within 5 s")
-        yield f"unix:{sock}"
+        yield url
+    finally:
+        p.terminate()
+        p.wait()
+
+
+@pytest.fixture
+def stock_redis_url(tmp_path):
+    """A store as Debian's package starts it: keyspace notifications off."""
+    p, url = _redis(tmp_path)
+    try:
+        yield url
     finally:
         p.terminate()
         p.wait()

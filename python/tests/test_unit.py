@@ -4,6 +4,7 @@ careless user: memory let go of on another thread, or inside meshwire's
 callbacks, a context closed under a cancelled operation, the garbage
 collector running finalizers while cffi's lock is held."""
 import asyncio
+import errno
 import gc
 import os
 import random
@@ -415,6 +416,28 @@ async def test_the_directory_publishes_finds_lists_and_watches(redis_url):
                     break
                 await asyncio.sleep(0.01)
             assert await c.list(f"{job}/") == []
+
+
+async def test_the_directory_leaves_the_store_configuration_to_its_owner(stock_redis_url):
+    """Watches need keyspace notifications: on a store without them a
+    watch is refused (ENOTSUP) and the store left as it is, unless the
+    directory is opened with configure_store=1."""
+    async with meshwire.Context() as ctx:
+        async with await ctx.directory(stock_redis_url) as d:
+            with pytest.raises(OSError) as ei:
+                d.watch("job/")
+            assert ei.value.errno == errno.ENOTSUP
+            await d.publish("job/a", addrs="192.0.2.7:7470")     # the rest works
+            assert (await d.lookup("job/a")).addrs == "192.0.2.7:7470"
+        with pytest.raises(ValueError, match="configure_store"):
+            await ctx.directory(stock_redis_url, configure_store=2)
+        async with await ctx.directory(stock_redis_url, configure_store=1) as d:
+            w = d.watch("job/")
+            assert await w.__anext__() == ("synced", None)
+            await d.publish("job/b", addrs="192.0.2.8:7470")
+            event, e = await w.__anext__()
+            assert (event, e.name) == ("joined", "job/b")
+            w.close()
 
 
 async def test_torch_tensors_are_used_where_they_lie():
