@@ -36,9 +36,12 @@ struct dcomm {
     mw_comm_opts_t opts;
     char *own;                       /* this rank's addresses, with its port */
     uint64_t run;                    /* 0 until rank 0's is known */
+    uint64_t taken;                  /* a run this rank was in already (restarted) */
+    bool synced;                     /* the watch read what the store held */
     int watch;
     struct slot *slots;
     mw_future_t *cf;                 /* mw_comm_create under way */
+    mw_future_t *pub;                /* the latest publish (compared, never used) */
     struct event *deadline;
     uint64_t end_ms;
     bool restart;                    /* cf was cancelled to start over */
@@ -116,11 +119,13 @@ static void on_cancel(mw_future_t *f, void *arg)
     finish(arg, NULL, -ECANCELED, "directory communicator: cancelled");
 }
 
+/* A publish replaced by a later one (rank 0's run changed before the store
+ * held the first) fails "unpublished": only the latest one counts. */
 static void on_published(mw_future_t *f, void *arg)
 {
     struct dcomm *dc = arg;
     int err = mw_future_error(f);
-    if (err && !dc->done) {
+    if (err && !dc->done && f == dc->pub) {
         char msg[512];
         snprintf(msg, sizeof msg, "directory communicator %s: %s", dc->job,
                  mw_future_message(f));
@@ -136,6 +141,7 @@ static void publish(struct dcomm *dc)
     snprintf(tag, sizeof tag, "run=%016" PRIx64 " nranks=%d", dc->run, dc->nranks);
     mw_dir_pub_t pub = {.addrs = dc->own, .tag = tag};
     mw_future_t *f = mw_dir_publish(dc->d, dc->name, &pub);
+    dc->pub = f;
     if (f) {
         dc->refs++;
         mw_future_then(f, on_published, dc);
@@ -208,11 +214,35 @@ static bool parse_tag(const char *tag, uint64_t *run, int *nranks)
     return *run != 0;
 }
 
+/* Rank 0's run, new or again, unless this rank was in it already: a rank
+ * restarted while the others still hold the communicator it left (their
+ * entries still show its run) would join that broken communicator, at
+ * their old ports.  It waits for the run rank 0 draws when they form
+ * again.  Return: whether the run changed (published anew). */
+static bool adopt_run(struct dcomm *dc)
+{
+    const struct slot *s0 = &dc->slots[0];
+    if (dc->rank == 0 || !dc->synced || !s0->addrs || s0->run == dc->run ||
+        s0->run == dc->taken)
+        return false;
+    dc->run = s0->run;
+    publish(dc);
+    return true;
+}
+
 static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void *arg)
 {
     (void)d;
     struct dcomm *dc = arg;
-    if (dc->done || (event != MW_DIR_JOINED && event != MW_DIR_LEFT))
+    if (dc->done)
+        return;
+    if (event == MW_DIR_SYNCED && !dc->synced) {
+        dc->synced = true;
+        adopt_run(dc);
+        try_form(dc);
+        return;
+    }
+    if (event != MW_DIR_JOINED && event != MW_DIR_LEFT)
         return;
     const char *tail = e->name + strlen(dc->job) + strlen("/rank/");
     char *end, canon[16];
@@ -240,11 +270,10 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
     bool changed = s->addrs && (s->instance != e->instance || s->run != run);
     mw__free(s->addrs);
     *s = (struct slot){.addrs = a, .run = run, .instance = e->instance, .nranks = n};
-    if (r == 0 && dc->rank != 0 && run != dc->run) {   /* rank 0's run, new or again */
-        dc->run = run;
-        publish(dc);
+    if (r == dc->rank && dc->rank != 0 && !dc->synced)
+        dc->taken = run;                 /* not ours: this rank publishes after */
+    if (r == 0 && adopt_run(dc))
         changed = true;
-    }
     MW_LOG(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
             "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,
             run == dc->run ? "" : " (another run: waited past)");
