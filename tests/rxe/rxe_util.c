@@ -273,6 +273,19 @@ int rxe_run_while_looping(mw_ctx_t *ctx, char *const argv[], double *took)
     return -1;
 }
 
+double rxe_pinned_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmPin: %lf kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib / 1024;
+}
+
 long rxe_rss_kib(void)
 {
     long pages = 0, resident = 0;

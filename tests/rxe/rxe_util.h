@@ -45,6 +45,9 @@ mw_msg_t *rxe_recv(mw_conn_t *c, unsigned ms);
 
 /* rxe_rss_kib() - this process's resident memory, KiB. */
 long rxe_rss_kib(void);
+/* rxe_pinned_mib() - what the kernel counts as pinned for this process
+ * (VmPin), in MiB; negative when it says nothing. */
+double rxe_pinned_mib(void);
 /* rxe_conns_left() - connections the context's cm layer still has (any
  * state): 0 once everything made has gone. */
 size_t rxe_conns_left(mw_ctx_t *ctx);

@@ -57,7 +57,7 @@ static mw_directory_t *open_dir(mw_ctx_t *ctx)
 #define KV_BYTES (4u << 20)
 
 struct accepted {
-    mw_conn_t *c[4];
+    mw_conn_t *c[16];
     int n;
 };
 
@@ -65,7 +65,7 @@ static void keep(mw_listener_t *l, mw_conn_t *c, void *arg)
 {
     (void)l;
     struct accepted *a = arg;
-    if (a->n < 4)
+    if (a->n < 16)
         a->c[a->n++] = c;
     else
         mw_conn_abort(c);
@@ -168,35 +168,6 @@ static void connect_by_name_reaches_shared_regions(void **state)
     mw_ctx_free(ctx);
 }
 
-/* What the kernel counts as pinned for this process (VmPin), in MiB. */
-static double pinned_mib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmPin: %lf kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib / 1024;
-}
-
-struct held {
-    mw_conn_t *c[16];
-    int n;
-};
-
-static void hold(mw_listener_t *l, mw_conn_t *c, void *arg)
-{
-    (void)l;
-    struct held *h = arg;
-    if (h->n < 16)
-        h->c[h->n++] = c;
-    else
-        mw_conn_abort(c);
-}
-
 static mw_conn_t *rxe_connect_addrs(mw_ctx_t *ctx, const char *target)
 {
     mw_future_t *f = mw_connect(ctx, target, NULL);
@@ -222,11 +193,11 @@ static void publication_holds_at_most_max_conns(void **state)
     mw_directory_t *srv = open_dir(ctx);
     uint8_t *kv = mw_alloc(ctx, SHARE);
     memset(kv, 1, SHARE);
-    struct held h = {0};
+    struct accepted h = {0};
     mw_dir_share_t share = {"kv", kv, SHARE};
-    mw_dir_pub_t pub = {.listen = "*:0", .on_accept = hold, .arg = &h,
+    mw_dir_pub_t pub = {.listen = "*:0", .on_accept = keep, .arg = &h,
                         .shares = &share, .nshares = 1, .max_conns = MAX};
-    double pin0 = pinned_mib();
+    double pin0 = rxe_pinned_mib();
     value_of(mw_dir_publish(srv, "job/capped/0", &pub), 0);
     mw_dir_list_t *l = value_of(mw_dir_lookup(srv, "job/capped/0"), 0);
     char target[1100];
@@ -238,7 +209,7 @@ static void publication_holds_at_most_max_conns(void **state)
     mw_conn_t *mine[TRIES + 2];
     mine[0] = rxe_connect_addrs(ctx, target);
     loop_for(ctx, 200);
-    double one = pinned_mib() - pin0;
+    double one = rxe_pinned_mib() - pin0;
     mw_future_t *f[TRIES];
     for (int i = 1; i < TRIES; i++)
         f[i] = mw_connect(ctx, target, NULL);
@@ -252,7 +223,7 @@ static void publication_holds_at_most_max_conns(void **state)
         mw_future_unref(f[i]);
     }
     loop_for(ctx, 200);
-    double pinned = pinned_mib() - pin0;
+    double pinned = rxe_pinned_mib() - pin0;
     printf("%d connections of %d held, %d refused busy; %.0f MiB pinned, %.0f MiB with one\n",
            ok, TRIES, busy, pinned, one);
     assert_int_equal(ok, MAX);

@@ -259,20 +259,6 @@ static void device_objects_run_out_cleanly(void **state)
  * the device, and in each end's protection domain of the one connection. */
 #define MEMLOCK_LIMIT (64u << 20)
 
-/* What the kernel counts as pinned for this process (VmPin), in MiB. */
-static double pinned_mib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmPin: %lf kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib / 1024;
-}
-
 /* Without CAP_IPC_LOCK, root too is held to RLIMIT_MEMLOCK when registering. */
 static int drop_ipc_lock(void)
 {
@@ -317,7 +303,7 @@ static void memory_runs_out_cleanly(void **state)
     assert_null(mr);
 
     /* a connection whose receive ring does not fit (16 x 8 MiB slots) */
-    printf("memlock: pinned with one connection: %.1f MiB\n", pinned_mib());
+    printf("memlock: pinned with one connection: %.1f MiB\n", rxe_pinned_mib());
     mw_conn_opts_t o;
     mw_conn_opts_init(&o);
     o.slot_size = 8u << 20;

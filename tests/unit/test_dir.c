@@ -339,6 +339,28 @@ static int publisher_main(const char *name, unsigned lease)
     return 0;
 }
 
+/* A child publishing @name with @lease (publisher_main), once it says the
+ * entry is stored; killed at teardown if the test fails first.  Spawned,
+ * not forked: see redis_start(). */
+static pid_t spawn_publisher(const char *name, const char *lease)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char *argv[] = {self_exe, "--publisher", rf.url, (char *)name, (char *)lease, NULL};
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    child_pid = pid;
+    close(fds[1]);
+    char line[16] = {0};
+    assert_true(read(fds[0], line, sizeof line - 1) > 0);
+    close(fds[0]);
+    return pid;
+}
+
 /* The addresses a lookup of @name finds now ("" when none). */
 static char *addrs_of(mw_directory_t *d, const char *name, char *buf, size_t cap)
 {
@@ -372,20 +394,7 @@ static void two_publishers_of_one_name(void **state)
     mw_dir_free(b);
 
     publish(a, "two/x", "10.0.0.1:7470", NULL);
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    char *argv[] = {self_exe, "--publisher", rf.url, "two/x", "600", NULL};
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    child_pid = pid;
-    close(fds[1]);
-    char line[16] = {0};
-    assert_true(read(fds[0], line, sizeof line - 1) > 0);
-    close(fds[0]);
+    pid_t pid = spawn_publisher("two/x", "600");
     run(ctx, 1500, NULL);                            /* two leases of renewals */
     assert_string_equal(addrs_of(a, "two/x", buf, sizeof buf), "10.0.0.7:7470");
     kill(pid, SIGKILL);
@@ -416,20 +425,7 @@ static void killed_publisher_leaves_within_a_lease(void **state)
     assert_true(mw_dir_watch(b, "job/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
 
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    posix_spawn_file_actions_t fa;               /* spawned: see redis_start() */
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    char *argv[] = {self_exe, "--publisher", rf.url, "job/victim/0", "1000", NULL};
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, self_exe, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    child_pid = pid;
-    close(fds[1]);
-    char buf[16] = {0};
-    assert_true(read(fds[0], buf, sizeof buf - 1) > 0);
-    close(fds[0]);
+    pid_t pid = spawn_publisher("job/victim/0", "1000");
     run(ctx, 3000, &s.joined);
     assert_int_equal(s.joined, 1);
     run(ctx, 1500, NULL);                            /* renewed past its first lease */
