@@ -1300,9 +1300,11 @@ typedef struct mw_dir_opts {
     unsigned lease_ms;        /**< an entry outlives its silent publisher by
                                    at most this; renewed every third of it.
                                    Default 10000, 300..86400000 */
-    unsigned timeout_ms;      /**< a request's deadline (and a connect
-                                   attempt's, the store's name looked up
-                                   included); default 5000 */
+    unsigned timeout_ms;      /**< a request's deadline, and each step of
+                                   reaching the store (looking its name up,
+                                   connecting, its first answer): one that
+                                   takes longer is given up and tried again
+                                   later; default 5000 */
     unsigned configure_store; /**< 1: turn the store's keyspace
                                    notifications on when watches need them
                                    and they are off (CONFIG SET; a store

@@ -20,6 +20,10 @@
 int (*mw__getaddrinfo)(const char *, const char *, const struct addrinfo *,
                        struct addrinfo **) = getaddrinfo;
 
+/* Threads still in getaddrinfo(), given up or not: a resolver that hangs
+ * holds each for as long as it hangs, so no more are started beyond this. */
+#define LOOKUPS_MAX 8
+
 static atomic_int running;
 
 struct mw__lookup {
@@ -131,13 +135,18 @@ static int thread_start(struct mw__lookup *l)
     pthread_attr_t attr;
     sigset_t all, old;
     pthread_t t;
-    if (pthread_attr_init(&attr))
+    if (atomic_fetch_add(&running, 1) >= LOOKUPS_MAX) {
+        atomic_fetch_sub(&running, 1);
+        return -EAGAIN;
+    }
+    if (pthread_attr_init(&attr)) {
+        atomic_fetch_sub(&running, 1);
         return -ENOMEM;
+    }
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     atomic_fetch_add(&l->refs, 1);
-    atomic_fetch_add(&running, 1);
     int rc = -pthread_create(&t, &attr, lookup_run, l);
     if (rc) {
         atomic_fetch_sub(&l->refs, 1);

@@ -7,7 +7,10 @@
  *
  * Whoever asked may give up at any time (its own deadline): the thread is
  * then left to finish alone and frees what it holds; nothing it does
- * touches the context afterwards.  Internal (mw__ names). */
+ * touches the context afterwards.  At most 8 lookups run at once in a
+ * process (a resolver that hangs would otherwise gather threads): beyond,
+ * a start fails -EAGAIN and the asker tries again later.  Internal (mw__
+ * names). */
 #ifndef MW_CORE_RESOLVE_H
 #define MW_CORE_RESOLVE_H
 
@@ -24,7 +27,8 @@ typedef void (*mw__lookup_fn)(void *arg, int err, const char *numeric, const cha
 
 /* mw__lookup_start() - look @host up; @done runs later (never from inside
  * this call, even for a literal), unless mw__lookup_cancel() comes first.
- * Return: 0 with *@out, or -ENOMEM / the error of starting the thread. */
+ * Return: 0 with *@out, -EAGAIN (8 lookups running), or -ENOMEM / the
+ * error of starting the thread. */
 int mw__lookup_start(mw_ctx_t *ctx, const char *host, mw__lookup_fn done, void *arg,
                      struct mw__lookup **out);
 

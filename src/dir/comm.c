@@ -2,7 +2,9 @@
  * publish this rank ("JOB/rank/R", tag "run=RUN nranks=N"), watch
  * "JOB/rank/", and once every rank of the run is there, mw_comm_create
  * with the addresses found.  Rank 0 draws the run; the others take it
- * from rank 0's entry, and start over when it changes. */
+ * from rank 0's entry, and start over when it changes.  A rank restarted
+ * while rank 0 still shows the run it was in publishes run 0: rank 0 then
+ * draws a new run, and everyone forms again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -37,6 +39,7 @@ struct dcomm {
     char *own;                       /* this rank's addresses, with its port */
     uint64_t run;                    /* 0 until rank 0's is known */
     uint64_t taken;                  /* a run this rank was in already (restarted) */
+    bool asked;                      /* published run 0: asks rank 0 for a new run */
     bool synced;                     /* the watch read what the store held */
     int watch;
     struct slot *slots;
@@ -209,23 +212,42 @@ static bool parse_tag(const char *tag, uint64_t *run, int *nranks)
     if (sscanf(tag, "run=%16[0-9a-f] nranks=%d%n", hex, &n, &end) != 2 || tag[end] ||
         strlen(hex) != 16)
         return false;
-    *run = strtoull(hex, NULL, 16);
+    *run = strtoull(hex, NULL, 16);      /* 0: a restarted rank asks for a new run */
     *nranks = n;
-    return *run != 0;
+    return true;
 }
 
 /* Rank 0's run, new or again, unless this rank was in it already: a rank
  * restarted while the others still hold the communicator it left (their
  * entries still show its run) would join that broken communicator, at
- * their old ports.  It waits for the run rank 0 draws when they form
- * again.  Return: whether the run changed (published anew). */
+ * their old ports.  It asks rank 0 for a new run instead (publishing run
+ * 0), and waits for it.  Return: whether the run changed (published anew). */
 static bool adopt_run(struct dcomm *dc)
 {
     const struct slot *s0 = &dc->slots[0];
-    if (dc->rank == 0 || !dc->synced || !s0->addrs || s0->run == dc->run ||
-        s0->run == dc->taken)
+    if (dc->rank == 0 || !dc->synced || !s0->addrs || s0->run == dc->run)
         return false;
+    if (s0->run == dc->taken) {
+        if (!dc->asked) {
+            dc->asked = true;
+            publish(dc);                     /* dc->run is 0 still */
+        }
+        return false;
+    }
     dc->run = s0->run;
+    publish(dc);
+    return true;
+}
+
+/* Rank 0: rank @r asks for a new run (it restarted while this one formed
+ * the run it had been in): draw one.  Return: whether it did. */
+static bool new_run_asked(struct dcomm *dc, int r, uint64_t run)
+{
+    if (dc->rank != 0 || r == 0 || run != 0)
+        return false;
+    MW_LOG(dc->ctx, MW_LOG_INFO, "directory communicator %s: rank %d restarted; a new run",
+           dc->job, r);
+    dc->run = mw__dir_random64();
     publish(dc);
     return true;
 }
@@ -272,7 +294,7 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
     *s = (struct slot){.addrs = a, .run = run, .instance = e->instance, .nranks = n};
     if (r == dc->rank && dc->rank != 0 && !dc->synced)
         dc->taken = run;                 /* not ours: this rank publishes after */
-    if (r == 0 && adopt_run(dc))
+    if ((r == 0 && adopt_run(dc)) || new_run_asked(dc, (int)r, run))
         changed = true;
     MW_LOG(dc->ctx, MW_LOG_DEBUG, "directory communicator %s, rank %d: rank %ld at %s, run "
             "%016" PRIx64 "%s", dc->job, dc->rank, r, e->addrs, run,

@@ -1,7 +1,12 @@
 /* Watches: what is under a prefix now (JOINED each, then SYNCED), then
  * every change the store's events report; a resync after the store came
  * back reports as LEFT only what did not return within a lease.  The
- * caller's function runs from the loop (on_drain). */
+ * caller's function runs from the loop (on_drain).
+ *
+ * Events come on the store's event link while a sync reads on its request
+ * link: a page read before a change may arrive after the change's event.
+ * So the events that come during a sync are held, and applied after what
+ * it read. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +37,15 @@ struct wevent {
     struct mw__dir_entry *e;         /* a reference, or NULL */
 };
 
+/* An event held during a sync: an entry set (@e, a reference), or gone. */
+struct held {
+    struct held *next;
+    struct mw__dir_entry *e;
+    char name[];                     /* when gone */
+};
+
+#define HELD_MAX 4096                /* beyond, the sync is done again instead */
+
 struct watch {
     struct mw__dir *d;
     uint64_t dh;                     /* d's handle, for the caller's function */
@@ -45,6 +59,10 @@ struct watch {
     void *arg;
     struct mw__list known;
     uint64_t gen;                    /* syncs begun */
+    int syncing;                     /* syncs not answered yet */
+    struct held *hhead, **htail;     /* events come meanwhile, in order */
+    unsigned nheld;
+    bool again;                      /* too many held: sync again */
     struct event *sweep_ev;          /* after a resync: who did not come back */
 };
 
@@ -66,10 +84,23 @@ static struct wevent *wevent_pop(struct watch *w)
     return ev;
 }
 
+static void held_drop_all(struct watch *w)
+{
+    while (w->hhead) {
+        struct held *h = w->hhead;
+        w->hhead = h->next;
+        entry_unref(h->e);
+        mw__free(h);
+    }
+    w->htail = &w->hhead;
+    w->nheld = 0;
+}
+
 static void watch_unref(struct watch *w)
 {
     if (--w->refs)
         return;
+    held_drop_all(w);
     for (struct wevent *ev; (ev = wevent_pop(w));) {
         entry_unref(ev->e);
         mw__free(ev);
@@ -151,6 +182,60 @@ static void known_set(struct watch *w, struct mw__dir_entry *e)
     tell(w, MW_DIR_JOINED, e);
 }
 
+/* A change an event reports: @e (taken) set, or @name gone (@e NULL). */
+static void apply(struct watch *w, const char *name, struct mw__dir_entry *e)
+{
+    if (e) {
+        known_set(w, e);
+        return;
+    }
+    struct known *k = known_find(w, name);
+    if (k)
+        known_drop(w, k);
+}
+
+static void hold(struct watch *w, const char *name, struct mw__dir_entry *e)
+{
+    size_t n = e ? 0 : strlen(name) + 1;
+    struct held *h = w->nheld < HELD_MAX ? mw__malloc(sizeof *h + n) : NULL;
+    if (!h) {                        /* what the next sync reads says it all */
+        entry_unref(e);
+        held_drop_all(w);
+        w->again = true;
+        return;
+    }
+    h->next = NULL;
+    h->e = e;
+    memcpy(h->name, name, n);
+    *w->htail = h;
+    w->htail = &h->next;
+    w->nheld++;
+}
+
+static void watch_sync(struct watch *w);
+
+/* A sync was answered: once none is left, what was held meanwhile. */
+static void sync_done(struct watch *w)
+{
+    if (--w->syncing || w->gone)
+        return;
+    if (w->again) {
+        w->again = false;
+        watch_sync(w);
+        return;
+    }
+    struct held *h = w->hhead;
+    w->hhead = NULL;
+    w->htail = &w->hhead;
+    w->nheld = 0;
+    while (h) {
+        struct held *next = h->next;
+        apply(w, h->name, h->e);
+        mw__free(h);
+        h = next;
+    }
+}
+
 static void on_sweep(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
@@ -172,6 +257,7 @@ static void on_watch_scan(void *arg, int err, const char *why, size_t n, const c
             MW_LOG(w->d->ctx, MW_LOG_WARN, "directory: watch of %s: %s", w->key,
                     es || !n ? why : "out of memory");
         mw__free(es);
+        sync_done(w);
         watch_unref(w);
         return;
     }
@@ -183,6 +269,7 @@ static void on_watch_scan(void *arg, int err, const char *why, size_t n, const c
     /* entries known from before the store went away and not found now are
      * gone once they had a lease to come back in */
     mw__ev_add_ms(w->d->ctx, w->sweep_ev, w->d->opts.lease_ms);
+    sync_done(w);
     watch_unref(w);
 }
 
@@ -190,6 +277,7 @@ static void watch_sync(struct watch *w)
 {
     w->gen++;
     w->refs++;
+    w->syncing++;
     if (mw__store_scan(w->d->st, w->key, on_watch_scan, w) < 0)
         on_watch_scan(w, -ENOMEM, "out of memory", 0, NULL, NULL, NULL);
 }
@@ -216,6 +304,7 @@ int mw_dir_watch(mw_directory_t *h, const char *prefix, mw_dir_watch_fn fn, void
     w->d = d;
     w->dh = d->h;
     w->qtail = &w->qhead;
+    w->htail = &w->hhead;
     w->drain.fn = on_drain;
     w->refs = 1;
     w->fn = fn;
@@ -259,19 +348,17 @@ void mw__dir_watches_event(struct mw__dir *d, const char *key, const char *name,
     mw__list_for_each(w, &d->watches, link) {
         if (strncmp(key, w->key, strlen(w->key)))
             continue;
-        if (ev == MW__STORE_GONE) {
-            struct known *k = known_find(w, name);
-            if (k)
-                known_drop(w, k);
-            continue;
-        }
-        struct mw__dir_entry *e;
+        struct mw__dir_entry *e = NULL;
         const char *why;
-        int rc = mw__dir_entry_decode(name, val, len, &e, &why);
-        if (!rc)
-            known_set(w, e);
-        else if (rc == -EPROTO)
+        int rc = ev == MW__STORE_GONE ? 0 : mw__dir_entry_decode(name, val, len, &e, &why);
+        if (rc == -EPROTO)
             MW_LOG(d->ctx, MW_LOG_WARN, "directory: skipping %s: %s", name, why);
+        if (rc)
+            continue;
+        if (w->syncing)
+            hold(w, name, e);
+        else
+            apply(w, name, e);
     }
 }
 

@@ -4,9 +4,14 @@
  * refusing notifications, and hostile content in the store.  No RDMA:
  * entries are published with addresses given (connect by name and the
  * communicator are tested in the rxe and mesh suites). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -597,7 +602,7 @@ static void shared_store_work_is_bounded(void **state)
     assert_true(sent < (1 << 20));
     char what[100];
     long long worst = longest_command(what, sizeof what);
-    if (worst > 10000)
+    if (worst > 25000)               /* the keyspace SCAN it replaces: 39-65 ms */
         fail_msg("the store ran one command for %lld us: %s", worst, what);
     redis_cmd(rf.sock, false, "CONFIG SET slowlog-log-slower-than 10000");
     mw_dir_free(a);
@@ -707,12 +712,13 @@ static void lateness_stop(struct lateness *t)
     event_free(t->ev);
 }
 
-/* Under valgrind everything runs ~30x slower; a blocking lookup would
- * still stall the loop for the whole timeout (500 ms) or for good. */
+/* Under sanitizers and a loaded machine a turn can take tens of ms, and
+ * valgrind runs everything ~30x slower; a blocking lookup would still
+ * stall the loop for the whole timeout (500 ms) or for good. */
 static uint64_t on_time_ms(void)
 {
     const char *p = getenv("LD_PRELOAD");
-    return p && strstr(p, "vgpreload") ? 150 : 50;
+    return p && strstr(p, "vgpreload") ? 300 : 100;
 }
 
 static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
@@ -758,9 +764,11 @@ static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
     t.worst = 0;
     run(ctx, 2500, NULL);
     assert_true(t.worst < on_time_ms());
-    assert_true(mw__lookups_running() <= 4);   /* 2 from the open, 1 per link now */
+    /* each lookup is given up at the timeout and tried again, but never
+     * more than 8 hang at once in the process (2 of them from the open) */
+    assert_true(mw__lookups_running() <= 8);
     pthread_mutex_lock(&dns_mu);
-    assert_int_equal(dns_hung, 4);
+    assert_in_range(dns_hung, 5, 8);
     pthread_mutex_unlock(&dns_mu);
     /* DNS and the store come back: the entry is put back */
     pid = redis_start_tcp(tcp.sock, port);
@@ -784,6 +792,124 @@ static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
         usleep(10000);
     assert_int_equal(mw__lookups_running(), 0);
     mw__getaddrinfo = getaddrinfo;
+}
+
+/* A fake store on 127.0.0.1:@port, on a thread: it accepts, and answers
+ * every command with @answer (NULL: never answers). */
+struct fake_store {
+    int lfd, port;
+    const char *answer;
+    atomic_int accepted;
+    atomic_bool stop;
+    pthread_t t;
+};
+
+static void *fake_store_run(void *arg)
+{
+    struct fake_store *fs = arg;
+    int conns[64], n = 0;
+    while (!atomic_load(&fs->stop)) {
+        struct pollfd p[65] = {{.fd = fs->lfd, .events = POLLIN}};
+        for (int i = 0; i < n; i++)
+            p[i + 1] = (struct pollfd){.fd = conns[i], .events = POLLIN};
+        if (poll(p, (nfds_t)n + 1, 20) <= 0)
+            continue;
+        if ((p[0].revents & POLLIN) && n < 64) {
+            int c = accept(fs->lfd, NULL, NULL);
+            if (c >= 0) {
+                conns[n++] = c;
+                atomic_fetch_add(&fs->accepted, 1);
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            char buf[4096];
+            if (!(p[i + 1].revents & (POLLIN | POLLHUP)))
+                continue;
+            ssize_t r = read(conns[i], buf, sizeof buf);
+            if (r <= 0) {
+                close(conns[i]);
+                conns[i] = -1;
+            } else if (fs->answer) {
+                ssize_t w = write(conns[i], fs->answer, strlen(fs->answer));
+                (void)w;
+            }
+        }
+        int m = 0;                                /* drop the closed */
+        for (int i = 0; i < n; i++)
+            if (conns[i] >= 0)
+                conns[m++] = conns[i];
+        n = m;
+    }
+    for (int i = 0; i < n; i++)
+        close(conns[i]);
+    return NULL;
+}
+
+static void fake_store_start(struct fake_store *fs, int port, const char *answer)
+{
+    *fs = (struct fake_store){.port = port, .answer = answer};
+    fs->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fs->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fs->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fs->lfd, 64), 0);
+    assert_int_equal(pthread_create(&fs->t, NULL, fake_store_run, fs), 0);
+}
+
+static int fake_store_stop(struct fake_store *fs)
+{
+    atomic_store(&fs->stop, true);
+    pthread_join(fs->t, NULL);
+    close(fs->lfd);
+    return atomic_load(&fs->accepted);
+}
+
+/* A store that accepts and never answers (a wedged one, or another
+ * program on its port) is given up at the timeout and tried again, like
+ * one that never accepts; one that answers "not ready yet" is retried, not
+ * taken for a refusal of our credentials. */
+static void store_that_never_answers_is_tried_again(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx = ctx_new();
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.timeout_ms = 300;
+    o.prefix = "mwtest";
+    int port = redis_free_port();
+    char sock[160], url[64];
+    snprintf(sock, sizeof sock, "%s/wedged.sock", rf.dir);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    pid_t pid = redis_start_tcp(sock, port);
+    mw_directory_t *d = value_of(mw_dir_open(ctx, url, &o), 0);
+    publish(d, "job/a", "10.0.0.1:7470", NULL);
+    redis_stop(pid, SIGKILL);
+    struct fake_store fs;
+    fake_store_start(&fs, port, NULL);
+    run(ctx, 2000, NULL);
+    /* 2 links, each given up after 300 ms and dialled again */
+    int n = fake_store_stop(&fs);
+    printf("a silent store was dialled %d times in 2 s\n", n);
+    assert_true(n >= 4);
+    pid = redis_start_tcp(sock, port);          /* back: the entry is put back */
+    for (uint64_t end = now_ms() + 5000; !redis_exists(sock, "mwtest:job/a") && now_ms() < end;)
+        run(ctx, 50, NULL);
+    assert_true(redis_exists(sock, "mwtest:job/a"));
+    mw_dir_free(d);
+    redis_stop(pid, SIGTERM);
+    unlink(sock);
+
+    fake_store_start(&fs, port, "-LOADING Redis is loading the dataset in memory\r\n");
+    o.timeout_ms = 1500;
+    mw_future_t *f = mw_dir_open(ctx, url, &o);
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);           /* not -EACCES */
+    mw_future_unref(f);
+    n = fake_store_stop(&fs);
+    printf("a loading store was dialled %d times in 1.5 s\n", n);
+    assert_true(n >= 3);
+    mw_ctx_free(ctx);
 }
 
 /* Lines under the context's threshold that reached its log function. */
@@ -880,6 +1006,11 @@ static void hostile_entries_are_refused(void **state)
     redis_cmd(rf.sock, false, "HSET mwtest:bad/hash f v");      /* not a string */
     redis_cmd(rf.sock, false, "ZADD mwtest:#index 0 mwtest:bad/hash");
     hostile_put("mwtest:bad/a b", "x");                          /* not a name */
+    char *huge = malloc((3u << 20) + 16);                          /* a 3 MiB key */
+    strcpy(huge, "mwtest:bad/");
+    memset(huge + 11, 'k', 3u << 20);
+    huge[11 + (3u << 20)] = 0;
+    hostile_put(huge, "x");
     hostile_put("mwtest:bad/ok", "mw-dir 1\naddrs 1.2.3.4:7\ninstance 00000000000000aa\n"
                                  "region kv 4096\nserves 1\ntag t\n");
 
@@ -903,6 +1034,10 @@ static void hostile_entries_are_refused(void **state)
     assert_int_equal(l->e[0].serves, 1);
     assert_int_equal(l->e[0].instance, 0xaa);
     mw_dir_list_free(l);
+    redisReply *r = redis_cmd(rf.sock, true, "ZSCORE mwtest:#index %s", huge);
+    assert_int_equal(r->type, REDIS_REPLY_NIL);              /* no longer in the index */
+    freeReplyObject(r);
+    free(huge);
     struct seen s = {0};
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
     run(ctx, 2000, &s.synced);
@@ -910,8 +1045,11 @@ static void hostile_entries_are_refused(void **state)
     hostile_put("mwtest:bad/late", "garbage");                  /* a hostile change */
     hostile_put("mwtest:bad/late2",                             /* and a port too far */
                 "mw-dir 1\naddrs 10.0.0.1:70000\ninstance 0000000000000002\n");
-    run(ctx, 300, NULL);
-    assert_int_equal(s.joined, 1);
+    hostile_put("mwtest:bad/late3",                             /* then a good one */
+                "mw-dir 1\naddrs 10.0.0.1:7000\ninstance 0000000000000003\n");
+    wait_for(ctx, &s.joined, 2, 2000);
+    assert_int_equal(s.joined, 2);                              /* only the good one */
+    assert_string_equal(s.last, "+bad/late3");
     mw_dir_free(d);
     mw_ctx_free(ctx);
 }
@@ -1153,6 +1291,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
         cmocka_unit_test(store_away_times_out_and_recovers),
         cmocka_unit_test(store_name_lookup_that_hangs_keeps_the_loop_on_time),
+        cmocka_unit_test(store_that_never_answers_is_tried_again),
         cmocka_unit_test(store_restart_reregisters_and_rewatches),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

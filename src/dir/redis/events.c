@@ -18,7 +18,7 @@
 /* The event link is up: events flow (@err 0), or none will (-ENOTSUP). */
 static void events_up(struct mw__redis_link *l, int err)
 {
-    l->up = true;
+    mw__redis_link_up(l);
     if (l->st->hooks.up)
         l->st->hooks.up(l->st->hooks.arg, false, err);
 }

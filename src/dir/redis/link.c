@@ -2,7 +2,11 @@
  * context's event base, connected again with a growing pause while the
  * store is away.  What a link does once connected is its own (ready). */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
@@ -49,10 +53,46 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     redisAsyncHandleRead(a->ac);
 }
 
+/* hiredis writes with write(): to a store that closed the connection, that
+ * raises SIGPIPE, whose default ends the process.  Signals are the
+ * application's, so rather than ignore it for the whole process, the
+ * write runs with SIGPIPE blocked, and one it raised is taken back. */
+struct sigpipe_guard {
+    sigset_t old;
+    bool was_pending;
+};
+
+static void sigpipe_block(struct sigpipe_guard *g)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    g->was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &g->old);
+}
+
+static void sigpipe_restore(struct sigpipe_guard *g)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    if (!g->was_pending && sigismember(&pending, SIGPIPE)) {
+        const struct timespec now = {0, 0};
+        while (sigtimedwait(&pipe, NULL, &now) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
+    struct sigpipe_guard g;
+    sigpipe_block(&g);
     redisAsyncHandleWrite(((struct adapter *)arg)->ac);
+    sigpipe_restore(&g);
 }
 
 static void adapter_add_read(void *privdata)
@@ -142,9 +182,20 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     link_lost(l, why);
 }
 
+/* Whether @r, an error answer to a link's first command, refuses our
+ * credentials (a password wanted, or the one given wrong or not allowed);
+ * any other error (LOADING, BUSY) is the store not ready yet. */
+static bool refuses_us(const redisReply *r)
+{
+    return !strncmp(r->str, "NOAUTH", 6) || !strncmp(r->str, "WRONGPASS", 9) ||
+           !strncmp(r->str, "NOPERM", 6);
+}
+
 /* The answer to the first command on a link (AUTH, or a PING without
- * credentials): any error is a refusal, and the link is dropped (retried
- * later); else the link's own setup runs. */
+ * credentials): an error drops the link (retried later); else the link's
+ * own setup runs.  The retry timer stays armed until the setup is done
+ * (mw__redis_link_up): a store that accepts and never answers is given up
+ * at the timeout, like one that never accepts. */
 static void on_hello(redisAsyncContext *ac, void *reply, void *privdata)
 {
     struct mw__redis_link *l = privdata;
@@ -153,8 +204,10 @@ static void on_hello(redisAsyncContext *ac, void *reply, void *privdata)
         return;
     if (r->type == REDIS_REPLY_ERROR) {
         struct mw__store *st = l->st;
-        if (!l->events && st->hooks.refused)
+        if (refuses_us(r) && !l->events && st->hooks.refused)
             st->hooks.refused(st->hooks.arg, -EACCES, r->str);
+        else if (!refuses_us(r))
+            MW_LOG(st->ctx, MW_LOG_DEBUG, "directory: the store is not ready: %s", r->str);
         redisAsyncDisconnect(ac);       /* on_disconnect: retried later */
         return;
     }
@@ -169,8 +222,6 @@ static void on_connect(const redisAsyncContext *ac, int status)
         link_lost(l, ac->errstr);
         return;
     }
-    event_del(l->retry_ev);
-    l->retry_ms = RETRY_MIN_MS;
     const struct mw__redis_addr *a = &l->st->addr;
     redisAsyncContext *c = (redisAsyncContext *)ac;   /* hiredis 0.14's const */
     if (a->pass[0] && a->user[0])
@@ -181,21 +232,37 @@ static void on_connect(const redisAsyncContext *ac, int status)
         redisAsyncCommand(c, on_hello, l, "PING");  /* a store that wants a password says so */
 }
 
-/* The retry timer: connect again, or give up a connect still in progress
- * after the timeout (a store that drops packets never answers). */
+void mw__redis_link_up(struct mw__redis_link *l)
+{
+    l->up = true;
+    event_del(l->retry_ev);
+    l->retry_ms = RETRY_MIN_MS;
+}
+
+/* The retry timer: connect again; or, at the timeout, give up what is
+ * still under way: a lookup (its thread ends alone), a connect (a store
+ * that drops packets never answers), or a link's setup (a store that
+ * accepted and does not answer). */
 static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct mw__redis_link *l = arg;
+    if (l->lookup) {
+        MW_LOG(l->st->ctx, MW_LOG_DEBUG, "directory: looking up %s took over %u ms",
+               l->st->addr.host, l->st->timeout_ms);
+        mw__lookup_cancel(l->lookup);
+        l->lookup = NULL;
+        link_lost(l, "the store's name was not looked up in time");
+        return;
+    }
+    if (l->ac && !l->up && (l->ac->c.flags & REDIS_CONNECTED)) {
+        l->dropped = "the store did not answer in time";
+        redisAsyncFree(l->ac);             /* on_disconnect: retried later */
+        return;
+    }
     if (l->ac && !l->up) {
         redisAsyncFree(l->ac);             /* on_connect is not called: no onDisconnect */
         l->ac = NULL;
-        link_retry_later(l);
-        return;
-    }
-    if (l->lookup) {                       /* it goes on; its answer dials */
-        MW_LOG(l->st->ctx, MW_LOG_DEBUG, "directory: looking up %s takes over %u ms",
-               l->st->addr.host, l->st->timeout_ms);
         link_retry_later(l);
         return;
     }
@@ -255,8 +322,9 @@ static void on_lookup(void *arg, int err, const char *numeric, const char *why)
 }
 
 /* The store's name is looked up off the loop (core/resolve.h) on every
- * attempt, bounded by the timeout like the connect that follows; a lookup
- * that hangs is not started twice. */
+ * attempt, bounded by the timeout like the connect that follows: a lookup
+ * that hangs is given up then (and its thread left to end alone; there are
+ * never more than a few such threads in a process, resolve.h). */
 void mw__redis_link_connect(struct mw__redis_link *l)
 {
     struct mw__store *st = l->st;
@@ -291,8 +359,12 @@ int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool eve
 void mw__redis_link_close(struct mw__redis_link *l)
 {
     int done = 0;
-    if (l->ac && l->up)          /* what was just asked (a last DEL) goes out */
+    if (l->ac && l->up) {        /* what was just asked (a last DEL) goes out */
+        struct sigpipe_guard g;
+        sigpipe_block(&g);
         redisBufferWrite(&l->ac->c, &done);
+        sigpipe_restore(&g);
+    }
     if (l->ac)
         redisAsyncFree(l->ac);   /* pending replies' callbacks run now, with NULL */
     l->ac = NULL;

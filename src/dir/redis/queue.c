@@ -172,7 +172,7 @@ void mw__redis_requests_ready(struct mw__redis_link *l)
     struct mw__store *st = l->st;
     if (st->addr.db)
         redisAsyncCommand(l->ac, NULL, NULL, "SELECT %d", st->addr.db);
-    l->up = true;
+    mw__redis_link_up(l);
     flush_waiting(st);
     if (st->hooks.up)
         st->hooks.up(st->hooks.arg, true, 0);

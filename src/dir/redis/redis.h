@@ -70,7 +70,7 @@ struct mw__redis_link {
     bool up;
     unsigned retry_ms;
     struct event *retry_ev;       /* reconnect, or give up a connect in progress */
-    /* connected: the link's own setup, which sets @up once it is done */
+    /* connected: the link's own setup, which calls mw__redis_link_up() */
     void (*ready)(struct mw__redis_link *l);
     const char *dropped;          /* why the link was dropped, for its loss */
 };
@@ -92,6 +92,9 @@ int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool eve
                         void (*ready)(struct mw__redis_link *l));
 /* mw__redis_link_connect() - start connecting; on failure, retry later. */
 void mw__redis_link_connect(struct mw__redis_link *l);
+/* mw__redis_link_up() - @l's setup is done (its ready, at the end): it
+ * carries traffic, and the timer that gives up a setup is stopped. */
+void mw__redis_link_up(struct mw__redis_link *l);
 /* mw__redis_link_close() - what was just asked goes out; pending replies'
  * callbacks run now, with no reply. */
 void mw__redis_link_close(struct mw__redis_link *l);

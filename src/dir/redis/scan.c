@@ -16,17 +16,22 @@
 #define SCAN_BYTES_MAX (64u << 20)     /* of keys and values gathered */
 
 /* A page of the index KEYS[1] from ARGV[1] to ARGV[2] (ZRANGEBYLEX
- * bounds): the last member read (to go on from; '' on the last page), then
- * key/value pairs.  Members whose key is gone are dropped from the index;
- * keys of another type, or too long, are left out. */
+ * bounds): the bound the next page starts from ('' after the last page),
+ * then key/value pairs.  Members whose key is gone are dropped from the
+ * index, and so are members too long to be a key (a stranger's: one such
+ * member in every page's answer would swell it past what a link reads);
+ * keys of another type, or too long to read, are left out. */
 static const char PAGE_LUA[] =
     "local m = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, "
     MW__REDIS_STR(PAGE) ") "
-    "local out = {#m == " MW__REDIS_STR(PAGE) " and m[#m] or ''} "
-    "for _, k in ipairs(m) do " MW__REDIS_CHECK_LUA("k")
+    "local out, last = {''}, nil "
+    "for _, k in ipairs(m) do "
+    "if #k > " MW__REDIS_STR(MW__STORE_KEY_MAX) " then redis.call('ZREM', KEYS[1], k) "
+    "else last = k " MW__REDIS_CHECK_LUA("k")
     "if t == 'none' then redis.call('ZREM', KEYS[1], k) "
     "elseif t == 'string' and not big then "
-    "out[#out + 1] = k out[#out + 1] = redis.call('GET', k) end end "
+    "out[#out + 1] = k out[#out + 1] = redis.call('GET', k) end end end "
+    "if #m == " MW__REDIS_STR(PAGE) " then out[1] = last and '(' .. last or ARGV[1] end "
     "return out";
 
 struct scan {
@@ -34,7 +39,7 @@ struct scan {
     mw__store_scan_fn fn;
     void *arg;
     char idx[128];
-    char *from, *to;                   /* "[PREFIX" then "(LAST"; "(PREFIX\xff" */
+    char *from, *to;                   /* "[PREFIX", then the page's next; "(PREFIX\xff" */
     size_t n, cap, bytes;
     char **keys, **vals;
     size_t *lens;
@@ -128,11 +133,13 @@ static void on_page(const struct mw__redis_caller *to, int err, const char *why,
             return scan_finish(s, err, err == -E2BIG ? "over 100,000 entries, or 64 MiB, "
                                                        "under the prefix"
                                                      : "out of memory");
-    const redisReply *last = rep->element[0];
-    if (!last->len)
+    const redisReply *next = rep->element[0];
+    if (!next->len)
         return scan_finish(s, 0, NULL);
+    if (next->str[0] != '(' && next->str[0] != '[')
+        return scan_finish(s, -EPROTO, "the store answered a list with something else");
     mw__free(s->from);
-    if (!(s->from = bound('(', last->str, last->len, "")) || page_request(s) < 0)
+    if (!(s->from = copy(next)) || page_request(s) < 0)
         scan_finish(s, -ENOMEM, "out of memory");
 }
 
