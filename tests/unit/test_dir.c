@@ -299,6 +299,127 @@ static void watch_sees_joins_and_leaves_not_renewals(void **state)
     mw_ctx_free(ctx);
 }
 
+/* A proxy to a store on 127.0.0.1:@up, with a thread per connection: a
+ * connection that asked for a page of the index (a list or a resync) gets
+ * every answer after that 400 ms late, the others at once. */
+struct proxy {
+    int lfd, port, up;
+    atomic_bool stop;
+    pthread_t t;
+};
+
+struct pipe_pair {
+    int c, s;
+};
+
+static void *proxy_conn_run(void *arg)
+{
+    struct pipe_pair pp = *(struct pipe_pair *)arg;
+    free(arg);
+    bool slow = false;
+    char buf[65536];
+    for (;;) {
+        struct pollfd p[2] = {{.fd = pp.c, .events = POLLIN}, {.fd = pp.s, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            break;
+        int from = p[0].revents ? pp.c : pp.s, to = from == pp.c ? pp.s : pp.c;
+        ssize_t n = read(from, buf, sizeof buf);
+        if (n <= 0)
+            break;
+        if (from == pp.c && memmem(buf, (size_t)n, "ZRANGEBYLEX", 11))
+            slow = true;
+        if (from == pp.s && slow)
+            usleep(400000);
+        if (write(to, buf, (size_t)n) != n)
+            break;
+    }
+    close(pp.c);
+    close(pp.s);
+    return NULL;
+}
+
+static void *proxy_run(void *arg)
+{
+    struct proxy *px = arg;
+    while (!atomic_load(&px->stop)) {
+        struct pollfd p = {.fd = px->lfd, .events = POLLIN};
+        if (poll(&p, 1, 20) <= 0)
+            continue;
+        struct pipe_pair *pp = malloc(sizeof *pp);
+        pp->c = accept(px->lfd, NULL, NULL);
+        pp->s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->up),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        pthread_t t;
+        if (pp->c < 0 || connect(pp->s, (struct sockaddr *)&a, sizeof a) < 0 ||
+            pthread_create(&t, NULL, proxy_conn_run, pp)) {
+            close(pp->c);
+            close(pp->s);
+            free(pp);
+            continue;
+        }
+        pthread_detach(t);
+    }
+    return NULL;
+}
+
+static void proxy_start(struct proxy *px, int up)
+{
+    *px = (struct proxy){.up = up, .port = redis_free_port()};
+    px->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(px->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(px->lfd, 16), 0);
+    assert_int_equal(pthread_create(&px->t, NULL, proxy_run, px), 0);
+}
+
+static void proxy_stop(struct proxy *px)
+{
+    atomic_store(&px->stop, true);
+    pthread_join(px->t, NULL);
+    close(px->lfd);
+}
+
+/* A watch reads the store on one link while events come on another: a
+ * page read before a change can arrive after the change's event.  The
+ * watch still ends on the latest value. */
+static void watch_ends_on_the_latest_value_when_a_read_is_slow(void **state)
+{
+    (void)state;
+    int port = redis_free_port();
+    char sock[160], url[64];
+    snprintf(sock, sizeof sock, "%s/slow.sock", rf.dir);
+    pid_t pid = redis_start_tcp(sock, port);
+    struct proxy px;
+    proxy_start(&px, port);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", px.port);
+    mw_ctx_t *ctx = ctx_new();
+    mw_dir_opts_t o;
+    mw_dir_opts_init(&o);
+    o.prefix = "mwtest";
+    char direct[200];
+    snprintf(direct, sizeof direct, "unix:%s", sock);
+    mw_directory_t *a = value_of(mw_dir_open(ctx, direct, &o), 0);
+    mw_directory_t *b = value_of(mw_dir_open(ctx, url, &o), 0);
+    publish(a, "job/x", "10.0.0.1:1", NULL);
+    struct seen s = {0};
+    assert_true(mw_dir_watch(b, "job/", on_watch, &s) >= 1);
+    run(ctx, 100, NULL);                 /* the page is read, its answer held */
+    assert_int_equal(s.synced, 0);
+    publish(a, "job/x", "10.0.0.2:2", NULL);     /* its event comes first */
+    wait_for(ctx, &s.synced, 1, 3000);
+    run(ctx, 100, NULL);
+    assert_int_equal(s.synced, 1);
+    assert_string_equal(s.last_addrs, "10.0.0.2:2");
+    mw_dir_free(a);
+    mw_dir_free(b);
+    mw_ctx_free(ctx);
+    proxy_stop(&px);
+    redis_stop(pid, SIGTERM);
+    unlink(sock);
+}
+
 /* The impatient caller: a watch's function that frees the directory. */
 static void free_on_join(mw_directory_t *d, int ev, const mw_dir_entry_t *e, void *arg)
 {
@@ -1282,6 +1403,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(watch_sees_joins_and_leaves_not_renewals),
         cmocka_unit_test(killed_publisher_leaves_within_a_lease),
         cmocka_unit_test(two_publishers_of_one_name),
+        cmocka_unit_test(watch_ends_on_the_latest_value_when_a_read_is_slow),
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
         cmocka_unit_test(shared_store_work_is_bounded),
