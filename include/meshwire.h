@@ -696,7 +696,9 @@ MW_EXTERN int mw_listener_free(mw_listener_t *l);
  * ("HOST[:PORT][,HOST[:PORT]...]"), tried in order of subnet match.  An
  * address without a port takes the port of the next address written with
  * one, so "10.0.1.2,10.0.2.2:7480" and "10.0.1.2:7480,10.0.2.2:7480" are
- * the same; with none after it, opts->default_port.
+ * the same; with none after it, opts->default_port.  A host name is looked
+ * up on a thread of its own (a resolver that hangs never stalls the loop),
+ * given up at opts->timeout_ms; the addresses found are then tried.
  * Return: a future whose value is the mw_conn_t * (the caller owns it once
  * the future is done); it fails with the reasons of every address tried:
  * -ECONNREFUSED when a peer refused (nothing listening there), else

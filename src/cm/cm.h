@@ -217,6 +217,15 @@ struct mw__keepalive {
 
 /* What only the setup of a connection needs: made with it, freed when it is
  * handed over (connect.c and listen.c use it; conn.c owns its life). */
+struct mw__lookup;
+
+/* A peer's host name being looked up (core/resolve.h) for a connect. */
+struct mw__name_lookup {
+    struct mw__conn *c;
+    struct mw__lookup *l;         /* NULL once answered or given up */
+    size_t i;                     /* its place in the setup's peers */
+};
+
 struct mw__conn_setup {
     /* active side: the addresses to try, and the connect future */
     mw_future_t *connect_f;
@@ -225,6 +234,10 @@ struct mw__conn_setup {
     char tried[384];              /* reasons per address, for the failure */
     int attempt_err;              /* the error to report when all failed:
                                      a refusal wins, then a timeout */
+    char **names;                 /* host names among the peers, being looked
+                                     up off the loop (NULL: literal) */
+    struct mw__name_lookup *lookups;
+    size_t lookups_left;
 
     /* passive side: the listener it came through */
     struct mw__listener *listener;

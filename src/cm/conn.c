@@ -13,6 +13,7 @@
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/check.h"
+#include "core/resolve.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "mem/mem.h"
@@ -120,6 +121,14 @@ static void setup_free(struct mw__conn *c)
 {
     if (!c->setup)
         return;
+    struct mw__conn_setup *s = c->setup;
+    for (size_t i = 0; s->names && i < s->npeers; i++) {
+        if (s->lookups)
+            mw__lookup_cancel(s->lookups[i].l);
+        mw__free(s->names[i]);
+    }
+    mw__free(s->names);
+    mw__free(s->lookups);
     mw__free(c->setup->peers);
     mw__free(c->setup);
     c->setup = NULL;

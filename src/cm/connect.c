@@ -9,23 +9,32 @@
 
 #include "cm/cm.h"
 #include "cm/nic.h"
+#include "core/alloc.h"
 #include "core/dev.h"
 #include "core/future.h"
+#include "core/resolve.h"
 
 static void try_next(struct mw__conn *c);
+
+/* Record why the peer address @addr failed, for the connect's failure. */
+static void note_failure(struct mw__conn *c, const char *addr, int err, const char *one)
+{
+    struct mw__conn_setup *s = c->setup;
+    if (s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
+        s->attempt_err = err;
+    size_t used = strlen(s->tried);
+    snprintf(s->tried + used, sizeof s->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
+    MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
+}
 
 /* Record why this address failed and go on to the next. */
 static void attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail)
 {
     struct mw__conn_setup *s = c->setup;
-    if (s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
-        s->attempt_err = err;
     char addr[MW__ADDR_STRLEN], one[192];
     mw__addr_str((struct sockaddr *)&s->peers[s->next_peer - 1], addr, sizeof addr);
     snprintf(one, sizeof one, fmt, detail);
-    size_t used = strlen(s->tried);
-    snprintf(s->tried + used, sizeof s->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
-    MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
+    note_failure(c, addr, err, one);
     mw__conn_disarm_timer(c);
     mw__conn_drop_attempt(c);
     try_next(c);
@@ -94,6 +103,91 @@ void mw__connect_fail(struct mw__conn *c, int err, const char *why)
     mw_future_unref(f);
 }
 
+/* Every peer's address is known (names looked up, or given up): nearest
+ * subnet first, try them in turn. */
+static void peers_ready(struct mw__conn *c)
+{
+    struct mw__conn_setup *s = c->setup;
+    size_t n = 0;
+    for (size_t i = 0; i < s->npeers; i++)      /* names not found drop out */
+        if (s->peers[i].ss_family != AF_UNSPEC)
+            s->peers[n++] = s->peers[i];
+    s->npeers = n;
+    const struct mw__nic *nics;
+    size_t nn;
+    mw__cm_nics(c->ctx->layers[MW__LAYER_CM].state, &nics, &nn);
+    mw__nic_order(nics, nn, s->peers, s->npeers);
+    try_next(c);
+}
+
+static void on_name(void *arg, int err, const char *numeric, const char *why)
+{
+    struct mw__name_lookup *nl = arg;
+    struct mw__conn *c = nl->c;
+    struct mw__conn_setup *s = c->setup;
+    nl->l = NULL;
+    if (!s->connect_f)                  /* failed or cancelled meanwhile */
+        return;
+    if (!err && (err = mw__addr_set_numeric(&s->peers[nl->i], numeric)) < 0)
+        why = "an address the resolver gave is malformed";
+    if (err)
+        note_failure(c, s->names[nl->i], err == -EAGAIN ? -EAGAIN : -EHOSTUNREACH, why);
+    if (!--s->lookups_left) {
+        mw__conn_disarm_timer(c);
+        peers_ready(c);
+    }
+}
+
+/* The connect's deadline came with names still being looked up: they are
+ * given up (their threads end alone), and what was found is tried. */
+static void on_names_timeout(struct mw__conn *c)
+{
+    struct mw__conn_setup *s = c->setup;
+    for (size_t i = 0; i < s->npeers; i++) {
+        if (!s->lookups[i].l)
+            continue;
+        mw__lookup_cancel(s->lookups[i].l);
+        s->lookups[i].l = NULL;
+        char one[64];
+        snprintf(one, sizeof one, "not looked up within %u ms", c->opts.timeout_ms);
+        note_failure(c, s->names[i], -ETIMEDOUT, one);
+    }
+    s->lookups_left = 0;
+    peers_ready(c);
+}
+
+/* Host names among the peers are looked up off the loop (a resolver that
+ * hangs must not stall every transfer on it), under the connect's step
+ * deadline.  Return: 0 (lookups_left of them under way) or -ENOMEM. */
+static int names_look_up(struct mw__conn *c)
+{
+    struct mw__conn_setup *s = c->setup;
+    size_t n = 0;
+    for (size_t i = 0; i < s->npeers; i++)
+        n += s->names[i] != NULL;
+    if (!n)
+        return 0;
+    if (!(s->lookups = mw__calloc(s->npeers, sizeof *s->lookups)))
+        return -ENOMEM;
+    for (size_t i = 0; i < s->npeers; i++) {
+        if (!s->names[i])
+            continue;
+        s->lookups[i] = (struct mw__name_lookup){.c = c, .i = i};
+        int rc = mw__lookup_start(c->ctx, s->names[i], on_name, &s->lookups[i],
+                                  &s->lookups[i].l);
+        if (rc < 0) {
+            note_failure(c, s->names[i], rc == -EAGAIN ? -EAGAIN : -EHOSTUNREACH,
+                         rc == -EAGAIN ? "too many host names being looked up"
+                                       : "cannot start looking it up");
+            continue;
+        }
+        s->lookups_left++;
+    }
+    if (s->lookups_left)
+        mw__conn_arm_timer(c, on_names_timeout);
+    return 0;
+}
+
 /* The connect was cancelled or timed out: the attempt stops, the half-made
  * connection (nobody's) goes with its rdma_cm id and port, and the future
  * fails now: a caller's connect lends no memory. */
@@ -124,20 +218,23 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
         return f;
     }
     struct mw__conn_setup *s = c->setup;
-    rc = mw__parse_addr_list(addrs, (uint16_t)c->opts.default_port, &s->peers, &s->npeers);
+    rc = mw__parse_addr_list_names(addrs, (uint16_t)c->opts.default_port, &s->peers,
+                                   &s->npeers, &s->names);
     if (rc < 0 || s->npeers == 0) {
         mw_future_fail(f, rc < 0 ? rc : -EINVAL, "connect: bad address list \"%s\"",
                        addrs ? addrs : "(null)");
         mw__conn_free(c);
         return f;
     }
-    const struct mw__nic *nics;
-    size_t n;
-    mw__cm_nics(ctx->layers[MW__LAYER_CM].state, &nics, &n);
-    mw__nic_order(nics, n, s->peers, s->npeers);
     s->connect_f = mw_future_ref(f);
     mw__future_on_cancel(f, connect_cancel, c);
-    try_next(c);
+    if ((rc = names_look_up(c)) < 0) {
+        mw__conn_fail(c, rc, "connect to %s: cannot look names up: %s", addrs,
+                      mw_strerror(rc));
+        return f;
+    }
+    if (!s->lookups_left)
+        peers_ready(c);
     return f;
 }
 

@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <net/if.h>
 #include <net/if_arp.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -520,8 +521,11 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *out
     return rc;
 }
 
-/* A dotted quad, or a well-formed name for the resolver. */
-static int parse_host(const char *host, uint16_t port, struct sockaddr_storage *out)
+/* A dotted quad, or a well-formed name for the resolver; with @name, a
+ * name is not looked up but handed back (a copy) with its port in @out
+ * (family AF_UNSPEC), for mw__addr_set_numeric(). */
+static int parse_host(const char *host, uint16_t port, struct sockaddr_storage *out,
+                      char **name)
 {
     struct in_addr a4;
     if (inet_pton(AF_INET, host, &a4) == 1) {
@@ -532,7 +536,30 @@ static int parse_host(const char *host, uint16_t port, struct sockaddr_storage *
      * inet_aton shorthand ("127.1" = 127.0.0.1), hiding a typo */
     if (strspn(host, "0123456789.") == strlen(host) || !hostname_ok(host))
         return -EINVAL;
-    return resolve(host, port, out);
+    if (!name)
+        return resolve(host, port, out);
+    if (!(*name = mw__malloc(strlen(host) + 1)))
+        return -ENOMEM;
+    strcpy(*name, host);
+    memset(out, 0, sizeof *out);
+    ((struct sockaddr_in *)out)->sin_family = AF_UNSPEC;
+    ((struct sockaddr_in *)out)->sin_port = htons(port);
+    return 0;
+}
+
+int mw__addr_set_numeric(struct sockaddr_storage *sa, const char *numeric)
+{
+    uint16_t port = ntohs(((struct sockaddr_in *)sa)->sin_port);
+    struct in_addr a4;
+    if (inet_pton(AF_INET, numeric, &a4) == 1) {
+        set_in(sa, &a4, port);
+        return 0;
+    }
+    char v6[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
+    if (strlen(numeric) >= sizeof v6)
+        return -EINVAL;
+    strcpy(v6, numeric);
+    return parse_ip6(v6, port, sa);
 }
 
 /* Split "[v6]:port", "[v6]", "v6", "host:port", "host" into host and port. */
@@ -593,7 +620,7 @@ static int split_port(const char *s, size_t len, struct addr_parts *p, uint16_t 
 }
 
 static int parse_span(const char *s, size_t len, uint16_t default_port,
-                      struct sockaddr_storage *out)
+                      struct sockaddr_storage *out, char **name)
 {
     struct addr_parts p;
     char host[HOST_MAX + 1];
@@ -606,14 +633,14 @@ static int parse_span(const char *s, size_t len, uint16_t default_port,
         port = default_port;
     memcpy(host, p.host, p.hlen);
     host[p.hlen] = '\0';
-    return p.v6 ? parse_ip6(host, port, out) : parse_host(host, port, out);
+    return p.v6 ? parse_ip6(host, port, out) : parse_host(host, port, out, name);
 }
 
 int mw__parse_addr(const char *s, uint16_t default_port, struct sockaddr_storage *out)
 {
     if (!s || !out)
         return -EINVAL;
-    return parse_span(s, strlen(s), default_port, out);
+    return parse_span(s, strlen(s), default_port, out, NULL);
 }
 
 static bool is_blank(char c)
@@ -672,8 +699,16 @@ static int list_ports(const char *s, size_t n, uint16_t default_port, uint16_t *
     return rc;
 }
 
-int mw__parse_addr_list(const char *s, uint16_t default_port,
-                        struct sockaddr_storage **out, size_t *n)
+static void names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        mw__free(names[i]);
+    mw__free(names);
+}
+
+/* mw__parse_addr_list(), names looked up now (@names NULL) or handed back. */
+static int parse_list(const char *s, uint16_t default_port, struct sockaddr_storage **out,
+                      size_t *n, char ***names)
 {
     if (!out || !n)
         return -EINVAL;
@@ -684,22 +719,39 @@ int mw__parse_addr_list(const char *s, uint16_t default_port,
     size_t items = list_items(s);
     struct sockaddr_storage *v = mw__calloc(items, sizeof(*v));
     uint16_t *ports = mw__calloc(items, sizeof(*ports));
+    char **nv = names ? mw__calloc(items, sizeof *nv) : NULL;
     bool v6;
-    int rc = v && ports ? list_ports(s, items, default_port, ports, &v6) : -ENOMEM;
+    int rc = v && ports && (nv || !names) ? list_ports(s, items, default_port, ports, &v6)
+                                          : -ENOMEM;
     const char *item = s;
     for (size_t i = 0; i < items && !rc; i++) {
         size_t len;
         const char *b = list_item(item, &len, &item);
-        rc = parse_span(b, len, ports[i], &v[i]);
+        rc = parse_span(b, len, ports[i], &v[i], nv ? &nv[i] : NULL);
     }
     mw__free(ports);
     if (rc) {
         mw__free(v);
+        names_free(nv, items);
         return rc;
     }
     *out = v;
     *n = items;
+    if (names)
+        *names = nv;
     return 0;
+}
+
+int mw__parse_addr_list(const char *s, uint16_t default_port,
+                        struct sockaddr_storage **out, size_t *n)
+{
+    return parse_list(s, default_port, out, n, NULL);
+}
+
+int mw__parse_addr_list_names(const char *s, uint16_t default_port,
+                              struct sockaddr_storage **out, size_t *n, char ***names)
+{
+    return names ? parse_list(s, default_port, out, n, names) : -EINVAL;
 }
 
 int mw__addr_list_port(const char *s, uint16_t default_port, uint16_t *port, bool *v6)

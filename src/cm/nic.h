@@ -98,8 +98,8 @@ void mw__nic_order(const struct mw__nic *nics, size_t n,
  * "host", "host:7470".  Ports are decimal 0..65535 (0 = "any", for listening);
  * @default_port applies when none is given.  No whitespace allowed.
  * Names go through getaddrinfo() synchronously, first result wins: names in
- * /etc/hosts are instant, DNS may block the caller (resolve names before
- * entering the loop).  A name of only digits and dots must be a dotted quad
+ * /etc/hosts are instant, DNS may block the caller (mw_connect looks names
+ * up off the loop instead: mw__parse_addr_list_names()).  A name of only digits and dots must be a dotted quad
  * (getaddrinfo's "127.1" shorthand is refused as a likely typo).
  * Return: 0; -EINVAL for malformed input; -EHOSTUNREACH for a name that does
  * not resolve; -ENODEV for an unknown scope interface; -EAGAIN for a
@@ -118,6 +118,20 @@ int mw__parse_addr(const char *s, uint16_t default_port, struct sockaddr_storage
  */
 int mw__parse_addr_list(const char *s, uint16_t default_port,
                         struct sockaddr_storage **out, size_t *n);
+
+/**
+ * mw__parse_addr_list_names() - mw__parse_addr_list() without looking
+ * names up: an item that is a host name is handed back in (*@names)[i]
+ * (a copy; NULL for a literal), with its port in (*@out)[i] and family
+ * AF_UNSPEC until mw__addr_set_numeric() fills it.  Free each name and
+ * the array with mw__free().
+ */
+int mw__parse_addr_list_names(const char *s, uint16_t default_port,
+                              struct sockaddr_storage **out, size_t *n, char ***names);
+
+/* mw__addr_set_numeric() - @sa (a name's, from the above) at @numeric, a
+ * literal address; its port kept.  Return: 0 or -EINVAL. */
+int mw__addr_set_numeric(struct sockaddr_storage *sa, const char *numeric);
 
 /**
  * mw__addr_list_port() - the one port every address of list @s is on, by

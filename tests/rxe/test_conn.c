@@ -1,8 +1,11 @@
-/* Connections on real soft-RoCE: NIC choice per subnet, many connections at
+/* Connections on real soft-RoCE: NIC choice per subnet, host names looked
+ * up off the loop, many connections at
  * once, messages of every awkward size in order, one-sided operations and
  * their bounds, malformed handshakes, and a peer killed mid-transfer. */
 #include <errno.h>
 #include <ifaddrs.h>
+#include <netdb.h>
+#include <pthread.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -20,8 +23,10 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include <event2/event.h>
 #include <rdma/rdma_cma.h>
 
+#include "core/resolve.h"
 #include "meshwire.h"
 #include "rxe_util.h"
 
@@ -82,6 +87,98 @@ static void nic_choice_follows_the_peer_subnet(void **state)
         assert_true(!strncmp(st.local, addrs[i], strlen(addrs[i])));
         rxe_close_conn(c);
     }
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
+/* --- host names ---------------------------------------------------------- */
+
+/* A resolver that hangs on "hang.test" until released, and answers
+ * "peer.test" with the first RDMA address. */
+static pthread_mutex_t dns_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dns_cv = PTHREAD_COND_INITIALIZER;
+static bool dns_released;
+
+static int test_getaddrinfo(const char *host, const char *service,
+                            const struct addrinfo *hints, struct addrinfo **res)
+{
+    if (!strcmp(host, "hang.test")) {
+        pthread_mutex_lock(&dns_mu);
+        while (!dns_released)
+            pthread_cond_wait(&dns_cv, &dns_mu);
+        pthread_mutex_unlock(&dns_mu);
+        return EAI_AGAIN;
+    }
+    return getaddrinfo(!strcmp(host, "peer.test") ? addrs[0] : host, service, hints, res);
+}
+
+struct lateness {
+    struct event *ev;
+    double last, worst;
+};
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct lateness *t = arg;
+    double now = now_s();
+    if (t->last && now - t->last > t->worst)
+        t->worst = now - t->last;
+    t->last = now;
+}
+
+/* mw_connect to a host name: looked up off the loop.  One that hangs
+ * fails the connect at its deadline, naming it, while the loop's timers
+ * stay on time; a list with a good address after it still connects. */
+static void peer_host_name_is_looked_up_off_the_loop(void **state)
+{
+    (void)state;
+    mw__getaddrinfo = test_getaddrinfo;
+    dns_released = false;
+    mw_ctx_t *ctx;
+    struct rxe_server s;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    rxe_server_start(&s, ctx, "*", NULL);
+    mw_conn_t *c = rxe_connect(ctx, "peer.test", s.port, NULL);
+    mw_conn_stats_t st;
+    mw_conn_stats(c, &st);
+    assert_true(!strncmp(st.remote, addrs[0], strlen(addrs[0])));
+    rxe_close_conn(c);
+
+    struct lateness t = {0};
+    struct timeval ms = {0, 1000};
+    t.ev = event_new(mw_ctx_base(ctx), -1, EV_PERSIST, on_tick, &t);
+    event_add(t.ev, &ms);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.timeout_ms = 500;
+    double t0 = now_s();
+    mw_future_t *f = rxe_connect_future(ctx, "hang.test", s.port, &o);
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);
+    printf("hang.test: %s after %.2f s; the loop at most %.1f ms late\n",
+           mw_future_message(f), now_s() - t0, t.worst * 1e3);
+    assert_non_null(strstr(mw_future_message(f), "hang.test"));
+    assert_true(now_s() - t0 < 2.0);
+    assert_true(t.worst < 0.1);
+    mw_future_unref(f);
+    event_free(t.ev);
+
+    char list[128];
+    snprintf(list, sizeof list, "hang.test:%d,%s:%d", s.port, addrs[0], s.port);
+    o.timeout_ms = 1000;
+    f = mw_connect(ctx, list, &o);
+    assert_int_equal(mw_wait(f), 0);
+    rxe_close_conn(mw_future_value(f));
+    mw_future_unref(f);
+
+    pthread_mutex_lock(&dns_mu);                 /* the hung lookups end alone */
+    dns_released = true;
+    pthread_cond_broadcast(&dns_cv);
+    pthread_mutex_unlock(&dns_mu);
+    for (int i = 0; i < 200 && mw__lookups_running(); i++)
+        usleep(10000);
+    assert_int_equal(mw__lookups_running(), 0);
+    mw__getaddrinfo = getaddrinfo;
     rxe_server_close(&s);
     mw_ctx_free(ctx);
 }
@@ -940,6 +1037,7 @@ int main(int argc, char **argv)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(nic_choice_follows_the_peer_subnet),
+        cmocka_unit_test(peer_host_name_is_looked_up_off_the_loop),
         cmocka_unit_test(sixty_four_connections_at_once),
         cmocka_unit_test_setup_teardown(messages_of_awkward_sizes_arrive_intact, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(messages_keep_their_order_both_ways, pair_setup, pair_teardown),
