@@ -1320,11 +1320,14 @@ MW_EXTERN void mw_dir_opts_init(mw_dir_opts_t *opts);
 /**
  * mw_dir_open() - a directory on the store at @url:
  * "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" (port 6379 by default) or
- * "unix:[[USER]:PASSWORD@]PATH[?db=N]"; NULL: MW_DIRECTORY from the
- * environment.  With a password every connection to the store starts with
- * Redis's AUTH (USER empty: the default user); percent-encode ':', '/' and
- * '%' in USER and PASSWORD.  Messages and logs show the URL with the
- * password as "***".
+ * "unix:[[USER]:PASSWORD@]PATH[?db=N]" for Redis, or "etcd://HOST[:PORT]"
+ * (port 2379 by default) for etcd v3, through its JSON gateway; NULL:
+ * MW_DIRECTORY from the environment.  With a password every connection to
+ * Redis starts with its AUTH (USER empty: the default user); percent-encode
+ * ':', '/' and '%' in USER and PASSWORD.  Messages and logs show the URL
+ * with the password as "***".  On etcd, an entry's lease counts whole
+ * seconds, at least etcd's minimum TTL (2 s by default), and etcd's own
+ * authentication is not supported.
  * Return: a future whose value is the mw_directory_t * (the caller's, free with
  * mw_dir_free), done once the store answered; -EINVAL for a malformed URL
  * or option, -EACCES when the store wants a password or refused the one

@@ -242,8 +242,9 @@ class Context:
         return Listener(self, addr, opts)
 
     async def directory(self, url: Optional[str] = None, **opts: Any) -> "Directory":
-        """A directory on the store at @url ("redis://HOST[:PORT][/DB]" or
-        "unix:PATH[?db=N]"; default: MW_DIRECTORY from the environment),
+        """A directory on the store at @url ("redis://HOST[:PORT][/DB]",
+        "unix:PATH[?db=N]" or "etcd://HOST[:PORT]"; default: MW_DIRECTORY
+        from the environment),
         once the store answered.  Keyword options are mw_dir_opts_t's:
         prefix="mw", lease_ms=10000, timeout_ms=5000, configure_store=0
         (1: turn the store's keyspace notifications on if watches need them)."""

@@ -80,6 +80,55 @@ def redis_url(tmp_path_factory):
         p.wait()
 
 
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _etcd(d):
+    """An etcd (Debian's etcd-server, as scripts/setup installs it) on free
+    loopback ports with its data in @d: (process, "etcd://127.0.0.1:PORT")."""
+    server = "/usr/bin/etcd"
+    if not os.access(server, os.X_OK):
+        pytest.fail("etcd not installed (scripts/setup installs etcd-server)")
+    port, peer = _free_port(), _free_port()
+    client, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+    p = subprocess.Popen([server, "--name", "t", "--data-dir", str(d / "data"),
+                          "--listen-client-urls", client, "--advertise-client-urls", client,
+                          "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls",
+                          peer_url, "--initial-cluster", f"t={peer_url}",
+                          "--logger", "zap", "--log-level", "error"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ask = b"POST /v3/maintenance/status HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    for _ in range(1000):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(ask)
+                if s.recv(16).startswith(b"HTTP/1.1 200"):
+                    return p, f"etcd://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.01)
+    p.terminate()
+    p.wait()
+    pytest.fail(f"etcd did not answer on port {port} within 10 s")
+
+
+@pytest.fixture(scope="module", params=["redis", "etcd"])
+def store_url(request, tmp_path_factory):
+    """Each store the directory runs on: the module's own Redis (set up for
+    meshwire by its owner), or its own etcd."""
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_url")
+        return
+    p, url = _etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield url
+    finally:
+        p.terminate()
+        p.wait()
+
+
 @pytest.fixture
 def stock_redis_url(tmp_path):
     """A store as Debian's package starts it: keyspace notifications off."""

@@ -20,6 +20,7 @@
 
 struct dirs {
     struct mw__list all;
+    struct mw__list finishing;    /* stores closed, their last deletes going out */
 };
 
 /* One lookup, list or open in flight: the future and what it is for. */
@@ -71,6 +72,8 @@ static void dirs_teardown(mw_ctx_t *ctx, void *state)
     struct dirs *ds = state;
     while (!mw__list_empty(&ds->all))
         dir_release(mw__list_first(&ds->all, struct mw__dir, link));
+    while (!mw__list_empty(&ds->finishing))
+        mw__store_reap(mw__list_first(&ds->finishing, struct mw__store, finishing));
     mw__free(ds);
     ctx->layers[MW__LAYER_DIR] = (struct mw__layer){0};
 }
@@ -80,6 +83,7 @@ static struct dirs *dirs_get(mw_ctx_t *ctx)
     struct dirs *ds = ctx->layers[MW__LAYER_DIR].state;
     if (!ds && (ds = mw__calloc(1, sizeof *ds))) {
         mw__list_init(&ds->all);
+        mw__list_init(&ds->finishing);
         ctx->layers[MW__LAYER_DIR] = (struct mw__layer){.state = ds, .teardown = dirs_teardown};
     }
     return ds;
@@ -317,7 +321,8 @@ static void dir_release(struct mw__dir *d)
     mw__handle_release(d->h);
     mw__dir_watches_remove_all(d);
     mw__dir_pubs_remove_all(d);
-    mw__store_close(d->st);            /* what is still pending fails now */
+    struct dirs *ds = d->ctx->layers[MW__LAYER_DIR].state;
+    mw__store_close(d->st, &ds->finishing);   /* what is still pending fails now */
     if (d->open) {
         mw_future_fail(d->open, -ECANCELED, "the directory closed");
         mw_future_unref(d->open);

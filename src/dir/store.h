@@ -1,9 +1,10 @@
-/* The key-value store under the directory: Redis through hiredis's
- * asynchronous client, on the context's own event base (hiredis's libevent
- * adapter).  Internal (mw__ names).
+/* The key-value store under the directory, on the context's own event
+ * base: Redis (dir/redis/, through hiredis's asynchronous client) or etcd
+ * (dir/etcd/, its v3 JSON gateway through libevent's HTTP client), chosen
+ * by the URL's scheme (store.c).  Internal (mw__ names).
  *
- * This file is the whole contract the directory needs from a store, so
- * that another backend (etcd) could stand behind it:
+ * This file is the whole contract the directory needs from a store, which
+ * each backend implements:
  *   - put a key with a lease (etcd: a lease granted and kept alive; Redis:
  *     SET PX) and renew it; delete a key;
  *   - get one key; get every key under a prefix (etcd: a range), with
@@ -23,9 +24,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/list.h"
 #include "meshwire.h"
 
 struct mw__store;
+
+/* A backend's operations; the functions below dispatch to them. */
+struct mw__store_ops;
+
+/* What the directory holds: the first member of a backend's store. */
+struct mw__store {
+    const struct mw__store_ops *ops;
+    struct mw__list finishing;    /* in the owner's list while it finishes */
+};
 
 #define MW__STORE_VALUE_MAX 8192   /* longer values are never read */
 #define MW__STORE_SCAN_MAX 100000  /* entries one scan may return */
@@ -78,9 +89,24 @@ struct mw__store_cfg {
     bool configure;               /* turn the store's events on if they are off */
 };
 
+struct mw__store_ops {
+    void (*close)(struct mw__store *st, struct mw__list *finishing);
+    void (*reap)(struct mw__store *st);
+    bool (*up)(const struct mw__store *st);
+    int (*put)(struct mw__store *st, const char *key, const char *val, size_t len,
+               unsigned lease_ms, mw__store_fn fn, void *arg);
+    int (*renew)(struct mw__store *st, const char *key, uint64_t instance, unsigned lease_ms,
+                 mw__store_renew_fn fn, void *arg);
+    int (*del)(struct mw__store *st, const char *key, uint64_t instance, mw__store_fn fn,
+               void *arg);
+    int (*get)(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg);
+    int (*scan)(struct mw__store *st, const char *prefix, mw__store_scan_fn fn, void *arg);
+};
+
 /**
- * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]" or
- * "unix:PATH[?db=N]") and start connecting; requests may be made at once.
+ * mw__store_open() - parse @url ("redis://HOST[:PORT][/DB]",
+ * "unix:PATH[?db=N]" or "etcd://HOST[:PORT]") and start connecting;
+ * requests may be made at once.
  * @prefix: keys the events are for (events for "PREFIX*").
  * Return: 0 or -EINVAL (with @why), -ENOMEM.
  */
@@ -89,8 +115,15 @@ int mw__store_open(mw_ctx_t *ctx, const char *url, const char *prefix,
                    const struct mw__store_hooks *hooks, struct mw__store **out,
                    const char **why);
 /* mw__store_close() - pending requests fail -ECANCELED (their callbacks
- * run inside this call); links close. */
-void mw__store_close(struct mw__store *st);
+ * run inside this call); links close.  Deletes just asked still reach the
+ * store: a backend that must wait for their answers to get them done
+ * (etcd: a request whose connection closes is dropped) goes on in the
+ * background, on @finishing, for at most the timeout, and leaves it when
+ * done. */
+void mw__store_close(struct mw__store *st, struct mw__list *finishing);
+/* mw__store_reap() - end a store still on a finishing list at once (the
+ * context is going); it leaves the list. */
+void mw__store_reap(struct mw__store *st);
 bool mw__store_up(const struct mw__store *st);
 
 int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t len,

@@ -24,7 +24,7 @@ static void events_up(struct mw__redis_link *l, int err)
 }
 
 /* ["pmessage", pattern, "__keyspace@N__:KEY", event] */
-static void keyspace_message(struct mw__store *st, const redisReply *rep)
+static void keyspace_message(struct mw__redis *st, const redisReply *rep)
 {
     if (rep->elements != 4 || rep->element[2]->type != REDIS_REPLY_STRING ||
         rep->element[3]->type != REDIS_REPLY_STRING)
@@ -36,7 +36,7 @@ static void keyspace_message(struct mw__store *st, const redisReply *rep)
 }
 
 /* ["message", "PREFIX#events", "KEY\nVALUE"]: a put (redis.h) */
-static void put_message(struct mw__store *st, const redisReply *rep)
+static void put_message(struct mw__redis *st, const redisReply *rep)
 {
     const redisReply *m = rep->elements == 3 ? rep->element[2] : NULL;
     if (!m || m->type != REDIS_REPLY_STRING)
@@ -72,7 +72,7 @@ static void on_event_msg(redisAsyncContext *ac, void *reply, void *privdata)
 
 static void subscribe(struct mw__redis_link *l)
 {
-    struct mw__store *st = l->st;
+    struct mw__redis *st = l->st;
     char chan[128];
     mw__redis_side_key(st, "events", chan, sizeof chan);
     redisAsyncCommand(l->ac, on_event_msg, l, "PSUBSCRIBE __keyspace@%d__:%s*", st->addr.db,

@@ -165,7 +165,7 @@ static void link_retry_later(struct mw__redis_link *l)
 
 static void link_lost(struct mw__redis_link *l, const char *why)
 {
-    struct mw__store *st = l->st;
+    struct mw__redis *st = l->st;
     bool was_up = l->up;
     l->up = false;
     l->ac = NULL;
@@ -203,7 +203,7 @@ static void on_hello(redisAsyncContext *ac, void *reply, void *privdata)
     if (!r)                             /* the link went meanwhile */
         return;
     if (r->type == REDIS_REPLY_ERROR) {
-        struct mw__store *st = l->st;
+        struct mw__redis *st = l->st;
         if (refuses_us(r) && !l->events && st->hooks.refused)
             st->hooks.refused(st->hooks.arg, -EACCES, r->str);
         else if (!refuses_us(r))
@@ -275,7 +275,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
  * at once; NULL for a unix socket. */
 static redisAsyncContext *link_dial(struct mw__redis_link *l, const char *numeric)
 {
-    struct mw__store *st = l->st;
+    struct mw__redis *st = l->st;
     const struct mw__redis_addr *a = &st->addr;
     redisAsyncContext *ac = numeric ? redisAsyncConnect(numeric, a->port)
                                     : redisAsyncConnectUnix(a->path);
@@ -327,7 +327,7 @@ static void on_lookup(void *arg, int err, const char *numeric, const char *why)
  * never more than a few such threads in a process, resolve.h). */
 void mw__redis_link_connect(struct mw__redis_link *l)
 {
-    struct mw__store *st = l->st;
+    struct mw__redis *st = l->st;
     if (st->addr.path[0]) {
         link_start(l, NULL);
         return;
@@ -344,7 +344,7 @@ void mw__redis_link_connect(struct mw__redis_link *l)
     mw__ev_add_ms(st->ctx, l->retry_ev, st->timeout_ms);
 }
 
-int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool events,
+int mw__redis_link_init(struct mw__redis *st, struct mw__redis_link *l, bool events,
                         void (*ready)(struct mw__redis_link *l))
 {
     l->st = st;

@@ -18,7 +18,7 @@
 #define ARGS_MAX 8
 
 struct req {
-    struct mw__store *st;
+    struct mw__redis *st;
     struct mw__list link;        /* in st->waiting while not sent */
     int argc;
     char *argv[ARGS_MAX];
@@ -63,7 +63,7 @@ static int req_send(struct req *r)
 }
 
 /* Send what waits, in order, while the request link is up. */
-static void flush_waiting(struct mw__store *st)
+static void flush_waiting(struct mw__redis *st)
 {
     while (st->req.up && !mw__list_empty(&st->waiting)) {
         struct req *r = mw__list_first(&st->waiting, struct req, link);
@@ -145,7 +145,7 @@ static int req_copy_args(struct req *r, int argc, va_list ap)
     return 0;
 }
 
-int mw__redis_request(struct mw__store *st, mw__redis_decode_fn decode,
+int mw__redis_request(struct mw__redis *st, mw__redis_decode_fn decode,
                       struct mw__redis_caller to, int argc, ...)
 {
     struct req *r = mw__calloc(1, sizeof *r);
@@ -169,7 +169,7 @@ int mw__redis_request(struct mw__store *st, mw__redis_decode_fn decode,
 
 void mw__redis_requests_ready(struct mw__redis_link *l)
 {
-    struct mw__store *st = l->st;
+    struct mw__redis *st = l->st;
     if (st->addr.db)
         redisAsyncCommand(l->ac, NULL, NULL, "SELECT %d", st->addr.db);
     mw__redis_link_up(l);
@@ -178,7 +178,7 @@ void mw__redis_requests_ready(struct mw__redis_link *l)
         st->hooks.up(st->hooks.arg, true, 0);
 }
 
-void mw__redis_requests_cancel(struct mw__store *st)
+void mw__redis_requests_cancel(struct mw__redis *st)
 {
     while (!mw__list_empty(&st->waiting)) {
         struct req *r = mw__list_first(&st->waiting, struct req, link);

@@ -28,6 +28,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/list.h"
 #include "dir/store.h"
@@ -37,6 +38,7 @@ struct event;
 struct mw__lookup;
 struct redisAsyncContext;
 struct redisReply;
+struct mw__redis;
 
 /* url.c: "redis://HOST[:PORT][/DB]" or "unix:PATH[?db=N]" */
 struct mw__redis_addr {
@@ -51,7 +53,7 @@ struct mw__redis_addr {
 int mw__redis_parse_url(const char *url, struct mw__redis_addr *a, const char **why);
 
 /* mw__redis_side_key() - PREFIX#@what in @buf. */
-void mw__redis_side_key(const struct mw__store *st, const char *what, char *buf, size_t cap);
+void mw__redis_side_key(const struct mw__redis *st, const char *what, char *buf, size_t cap);
 
 /* Lua, for a key @k: t its type, big whether it is a string too long to read. */
 #define MW__REDIS_STR_(x) #x
@@ -63,7 +65,7 @@ void mw__redis_side_key(const struct mw__store *st, const char *what, char *buf,
 
 /* link.c: one hiredis asynchronous connection */
 struct mw__redis_link {
-    struct mw__store *st;
+    struct mw__redis *st;
     struct redisAsyncContext *ac;
     struct mw__lookup *lookup;    /* the store's name, being looked up */
     bool events;                  /* the subscribed one */
@@ -75,7 +77,8 @@ struct mw__redis_link {
     const char *dropped;          /* why the link was dropped, for its loss */
 };
 
-struct mw__store {
+struct mw__redis {
+    struct mw__store base;        /* first: what the directory holds */
     mw_ctx_t *ctx;
     struct mw__redis_addr addr;
     unsigned timeout_ms;
@@ -87,8 +90,25 @@ struct mw__store {
     bool closing;
 };
 
+/* open.c: the backend's entry (store.h's mw__store_open, for redis:// and
+ * unix: URLs), and its end */
+int mw__redis_open(mw_ctx_t *ctx, const char *url, const char *prefix,
+                   const struct mw__store_cfg *cfg, const struct mw__store_hooks *hooks,
+                   struct mw__store **out, const char **why);
+void mw__redis_close(struct mw__redis *st);
+
+/* requests.c, scan.c: the store's operations (store.h) */
+int mw__redis_put(struct mw__redis *st, const char *key, const char *val, size_t len,
+                  unsigned lease_ms, mw__store_fn fn, void *arg);
+int mw__redis_renew(struct mw__redis *st, const char *key, uint64_t instance,
+                    unsigned lease_ms, mw__store_renew_fn fn, void *arg);
+int mw__redis_del(struct mw__redis *st, const char *key, uint64_t instance, mw__store_fn fn,
+                  void *arg);
+int mw__redis_get(struct mw__redis *st, const char *key, mw__store_get_fn fn, void *arg);
+int mw__redis_scan(struct mw__redis *st, const char *prefix, mw__store_scan_fn fn, void *arg);
+
 /* mw__redis_link_init() - @l of @st, not connected yet.  Return: 0 or -ENOMEM. */
-int mw__redis_link_init(struct mw__store *st, struct mw__redis_link *l, bool events,
+int mw__redis_link_init(struct mw__redis *st, struct mw__redis_link *l, bool events,
                         void (*ready)(struct mw__redis_link *l));
 /* mw__redis_link_connect() - start connecting; on failure, retry later. */
 void mw__redis_link_connect(struct mw__redis_link *l);
@@ -122,11 +142,11 @@ typedef void (*mw__redis_decode_fn)(const struct mw__redis_caller *to, int err,
 /* mw__redis_request() - send the command of @argc (string, size_t length)
  * pairs, now or once the request link is up; its reply, or a timeout or
  * cancellation, goes through @decode to @to, once.  Return: 0 or -ENOMEM. */
-int mw__redis_request(struct mw__store *st, mw__redis_decode_fn decode,
+int mw__redis_request(struct mw__redis *st, mw__redis_decode_fn decode,
                       struct mw__redis_caller to, int argc, ...);
 /* The request link is (back) up: what waits goes out.  (Its ready.) */
 void mw__redis_requests_ready(struct mw__redis_link *l);
 /* Closing: what waits fails -ECANCELED. */
-void mw__redis_requests_cancel(struct mw__store *st);
+void mw__redis_requests_cancel(struct mw__redis *st);
 
 #endif

@@ -43,7 +43,7 @@ static void decode_get(const struct mw__redis_caller *to, int err, const char *w
         to->fn.get(to->arg, err, why, err ? NULL : rep->str, err ? 0 : rep->len);
 }
 
-void mw__redis_side_key(const struct mw__store *st, const char *what, char *buf, size_t cap)
+void mw__redis_side_key(const struct mw__redis *st, const char *what, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s#%s", st->prefix, what);
 }
@@ -53,7 +53,7 @@ static const char PUT_LUA[] =
     "redis.call('ZADD', KEYS[2], 0, KEYS[1]) "
     "redis.call('PUBLISH', ARGV[3], KEYS[1] .. '\\n' .. ARGV[1]) return 1";
 
-int mw__store_put(struct mw__store *st, const char *key, const char *val, size_t len,
+int mw__redis_put(struct mw__redis *st, const char *key, const char *val, size_t len,
                   unsigned lease_ms, mw__store_fn fn, void *arg)
 {
     char px[16], idx[128], chan[128];
@@ -81,7 +81,7 @@ static void instance_line(uint64_t instance, char *buf, size_t cap)
     snprintf(buf, cap, "\ninstance %016" PRIx64 "\n", instance);
 }
 
-int mw__store_renew(struct mw__store *st, const char *key, uint64_t instance,
+int mw__redis_renew(struct mw__redis *st, const char *key, uint64_t instance,
                     unsigned lease_ms, mw__store_renew_fn fn, void *arg)
 {
     char px[16], line[32];
@@ -92,7 +92,7 @@ int mw__store_renew(struct mw__store *st, const char *key, uint64_t instance,
                              S(line), S(px));
 }
 
-int mw__store_del(struct mw__store *st, const char *key, uint64_t instance, mw__store_fn fn,
+int mw__redis_del(struct mw__redis *st, const char *key, uint64_t instance, mw__store_fn fn,
                   void *arg)
 {
     char line[32], idx[128];
@@ -109,7 +109,7 @@ static const char GET_LUA[] = MW__REDIS_CHECK_LUA("KEYS[1]")
     "if big then return redis.error_reply('MWBIG') end "
     "return redis.call('GET', KEYS[1])";
 
-int mw__store_get(struct mw__store *st, const char *key, mw__store_get_fn fn, void *arg)
+int mw__redis_get(struct mw__redis *st, const char *key, mw__store_get_fn fn, void *arg)
 {
     struct mw__redis_caller to = {.fn.get = fn, .arg = arg};
     return mw__redis_request(st, decode_get, to, 4, S("EVAL"), S(GET_LUA), S("1"), S(key));

@@ -35,7 +35,7 @@ static const char PAGE_LUA[] =
     "return out";
 
 struct scan {
-    struct mw__store *st;
+    struct mw__redis *st;
     mw__store_scan_fn fn;
     void *arg;
     char idx[128];
@@ -150,7 +150,7 @@ static int page_request(struct scan *s)
                              S(s->from), S(s->to));
 }
 
-int mw__store_scan(struct mw__store *st, const char *prefix, mw__store_scan_fn fn, void *arg)
+int mw__redis_scan(struct mw__redis *st, const char *prefix, mw__store_scan_fn fn, void *arg)
 {
     struct scan *s = mw__calloc(1, sizeof *s);
     if (!s)
