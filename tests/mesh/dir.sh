@@ -1,15 +1,22 @@
 #!/bin/bash
 # The directory across the mesh: node0 runs a redis-server (Debian's) on
-# TCP; every node forms a communicator through it (mw_dir_comm_create, no
-# host file: MW_TEST_FILTER=communicator_through_the_directory of
-# mesh-coll, its results checked), then node0 sends a file with meshcat to
-# the name node2 published ("mesh/sink/2"), byte-identical.
-#   dir.sh MESHCAT MESH-COLL      (mesh suite, on every node at once)
+# TCP, or an etcd (Debian's etcd-server); every node forms a communicator
+# through it (mw_dir_comm_create, no host file:
+# MW_TEST_FILTER=communicator_through_the_directory of mesh-coll, its
+# results checked), then node0 sends a file with meshcat to the name node2
+# published ("mesh/sink/2"), byte-identical.
+#   dir.sh MESHCAT MESH-COLL [redis|etcd]   (mesh suite, on every node at once)
 set -u
 source "$(dirname "$0")/../lib/rdma.sh"
 need_rdma
 : "${MW_NODE:?} ${MW_NODES:?} ${MW_SHARED:?}"
-[[ -x /usr/bin/redis-server ]] || { echo "FAIL: redis-server not installed (scripts/setup)"; exit 1; }
+STORE=${3:-redis}
+case $STORE in
+redis) SERVER=/usr/bin/redis-server ;;
+etcd) SERVER=/usr/bin/etcd ;;
+*) echo "FAIL: store '$STORE': redis or etcd"; exit 1 ;;
+esac
+[[ -x $SERVER ]] || { echo "FAIL: $SERVER not installed (scripts/setup)"; exit 1; }
 MC=$(realpath "$1")
 COLL=$(realpath "$2")
 W=$(mktemp -d /tmp/dir-mesh.XXXXXX)
@@ -17,11 +24,18 @@ cd "$W" || exit 1
 fail() { echo "FAIL: node$MW_NODE: $*"; exit 1; }
 redis=
 trap '[[ -n $redis ]] && kill $redis; rm -rf "$W"' EXIT
-if ((MW_NODE == 0)); then
+if ((MW_NODE == 0)) && [[ $STORE == redis ]]; then
     /usr/bin/redis-server --port 6390 --bind 0.0.0.0 --protected-mode no --save '' \
         --appendonly no --loglevel warning --notify-keyspace-events Kgx >/dev/null & redis=$!
+elif ((MW_NODE == 0)); then
+    /usr/bin/etcd --name n0 --data-dir "$W/etcd" --listen-client-urls http://0.0.0.0:2391 \
+        --advertise-client-urls http://node0:2391 --listen-peer-urls http://127.0.0.1:2392 \
+        --initial-advertise-peer-urls http://127.0.0.1:2392 \
+        --initial-cluster n0=http://127.0.0.1:2392 --logger zap --log-level error \
+        >/dev/null 2>&1 & redis=$!
 fi
-export MW_DIRECTORY=redis://node0:6390    # mw_dir_open waits for it (5 s, retried below)
+# mw_dir_open waits for it (5 s, retried below)
+[[ $STORE == redis ]] && export MW_DIRECTORY=redis://node0:6390 || export MW_DIRECTORY=etcd://node0:2391
 
 MW_TEST_FILTER=communicator_through_the_directory "$COLL" || fail "communicator"
 mesh_barrier dir.coll || fail "barrier: not every node formed it"

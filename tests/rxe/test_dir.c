@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "meshwire.h"
+#include "etcd_util.h"
 #include "redis_util.h"
 #include "rxe_util.h"
 
@@ -29,6 +30,26 @@ extern char **environ;
 static const char *addrs[2];
 static char self_path[4096];
 static struct redis_fixture rf;
+/* MW_TEST_STORE=etcd: the same tests on an etcd of their own (rf.url). */
+static struct etcd_fixture ef;
+static bool on_etcd;
+
+static bool store_exists(const char *key)
+{
+    return on_etcd ? etcd_exists(&ef, key) : redis_exists(rf.sock, key);
+}
+
+/* An entry as a dead process left it: under @key, with a lease running
+ * (etcd: none, it is replaced by the rank's own put all the same). */
+static void store_put_stale(const char *key, const char *val)
+{
+    if (on_etcd) {
+        etcd_put(&ef, key, val);
+        return;
+    }
+    redis_cmd(rf.sock, false, "SET %s %s PX 60000", key, val);
+    redis_cmd(rf.sock, false, "ZADD mw:#index 0 %s", key);   /* as meshwire puts */
+}
 
 static void *value_of(mw_future_t *f, int want)
 {
@@ -122,8 +143,13 @@ static void connect_by_name_reaches_shared_regions(void **state)
     mw_future_t *reads[16];
     for (int i = 0; i < 16; i++)
         reads[i] = mw_read(p->conn, buf, KV_BYTES, rkv, 0);
-    redis_stop(rf.pid, SIGKILL);
-    rf.pid = redis_start(rf.sock, false);
+    if (on_etcd) {
+        etcd_stop(&ef, SIGKILL);
+        etcd_start(&ef, true);
+    } else {
+        redis_stop(rf.pid, SIGKILL);
+        rf.pid = redis_start(rf.sock, false);
+    }
     for (int i = 0; i < 16; i++)
         value_of(reads[i], 0);
     assert_memory_equal(buf, kv, KV_BYTES);
@@ -362,10 +388,9 @@ static void comm_forms_past_a_stale_entry(void **state)
     (void)state;
     /* rank 2 of an earlier run, its lease still running, at an address
      * where nothing listens */
-    redis_cmd(rf.sock, false, "SET %s %s PX 60000", "mw:job1/rank/2",
-              "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000001\n"
-              "tag run=00000000deadbeef nranks=3\n");
-    redis_cmd(rf.sock, false, "ZADD mw:#index 0 mw:job1/rank/2");   /* as meshwire puts */
+    store_put_stale("mw:job1/rank/2",
+                    "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000001\n"
+                    "tag run=00000000deadbeef nranks=3\n");
     pid_t p[3];
     for (int r = 0; r < 3; r++)
         p[r] = spawn_rank("job1", r == 0 ? 2 : r == 2 ? 0 : r, 3, 60000);  /* 2 first */
@@ -383,7 +408,7 @@ static void comm_missing_rank_is_named(void **state)
     /* rank 0 first, published before rank 1 starts its clock: on a slow
      * VM opening the device takes seconds */
     pid_t p0 = spawn_rank("job2", 0, 3, 5000);
-    for (int i = 0; i < 400 && !redis_exists(rf.sock, "mw:job2/rank/0"); i++)
+    for (int i = 0; i < 400 && !store_exists("mw:job2/rank/0"); i++)
         usleep(20000);
     pid_t p1 = spawn_rank("job2", 1, 3, 5000);
     assert_int_equal(reap(p0), 4);           /* -ETIMEDOUT, and the output names rank 2 */
@@ -397,9 +422,9 @@ static void comm_restarted_rank0_starts_over(void **state)
         skip();
     /* ranks 1 and 2 find a rank 0 of an earlier run (dead) and try it,
      * then the new rank 0 comes with a new run */
-    redis_cmd(rf.sock, false, "SET %s %s PX 60000", "mw:job3/rank/0",
-              "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000002\n"
-              "tag run=00000000cafef00d nranks=3\n");
+    store_put_stale("mw:job3/rank/0",
+                    "mw-dir 1\naddrs 10.255.255.1:7\ninstance 0000000000000002\n"
+                    "tag run=00000000cafef00d nranks=3\n");
     pid_t p1 = spawn_rank("job3", 1, 3, 60000), p2 = spawn_rank("job3", 2, 3, 60000);
     sleep(2);
     pid_t p0 = spawn_rank("job3", 0, 3, 60000);
@@ -434,14 +459,14 @@ static void comm_cancelled_takes_its_entry_back(void **state)
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     mw_directory_t *d = open_dir(ctx);
     mw_future_t *cf = mw_dir_comm_create(d, "job4", 0, 2, NULL);
-    for (int i = 0; i < 100 && !redis_exists(rf.sock, "mw:job4/rank/0"); i++)
+    for (int i = 0; i < 100 && !store_exists("mw:job4/rank/0"); i++)
         loop_for(ctx, 50);
-    assert_true(redis_exists(rf.sock, "mw:job4/rank/0"));
+    assert_true(store_exists("mw:job4/rank/0"));
     assert_int_equal(mw_future_cancel(cf), 0);
     assert_int_equal(mw_wait(cf), -ECANCELED);
     mw_future_unref(cf);
     loop_for(ctx, 300);
-    assert_false(redis_exists(rf.sock, "mw:job4/rank/0"));
+    assert_false(store_exists("mw:job4/rank/0"));
     mw_dir_free(d);
     mw_ctx_free(ctx);
 }
@@ -450,6 +475,10 @@ static int group_setup(void **state)
 {
     (void)state;
     redis_fixture_up(&rf);
+    if (on_etcd) {
+        etcd_fixture_up(&ef);
+        snprintf(rf.url, sizeof rf.url, "%s", ef.url);
+    }
     return 0;
 }
 
@@ -457,6 +486,8 @@ static int group_teardown(void **state)
 {
     (void)state;
     redis_fixture_down(&rf);
+    if (on_etcd)
+        etcd_fixture_down(&ef);
     return 0;
 }
 
@@ -470,8 +501,11 @@ int main(int argc, char **argv)
         snprintf(rf.url, sizeof rf.url, "%s", argv[6]);
         return rank_main(argv[2], atoi(argv[3]), atoi(argv[4]), (unsigned)atoi(argv[5]));
     }
-    if (!redis_installed()) {
-        printf("SKIP: %s not installed (scripts/setup installs it)\n", REDIS_SERVER);
+    const char *store = getenv("MW_TEST_STORE");
+    on_etcd = store && !strcmp(store, "etcd");
+    if (!redis_installed() || (on_etcd && !etcd_installed())) {
+        printf("SKIP: %s not installed (scripts/setup installs it)\n",
+               redis_installed() ? ETCD_SERVER : REDIS_SERVER);
         return SKIP_EXIT;
     }
     if (getenv("MW_TEST_FILTER"))
