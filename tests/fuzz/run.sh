@@ -2,14 +2,16 @@
 # Build a libFuzzer target with clang (ASan + UBSan) and run it for a
 # bounded time from its seed corpus; a crash or a broken invariant fails.
 #   run.sh SOURCE_ROOT TARGET SECONDS     (meson's suite 'fuzz')
-#   TARGET: wire (src/cm/wire.c), names (apps/meshcat/names.c) or dir
-#   (src/dir/entry.c, with src/cm/nic.c's address rules)
+#   TARGET: wire (src/cm/wire.c), names (apps/meshcat/names.c), dir
+#   (src/dir/entry.c, with src/cm/nic.c's address rules) or etcd (what an
+#   etcd store answers: src/dir/etcd/resp.c and json.c)
 set -euo pipefail
 root=$1 target=$2 secs=$3
 case $target in
     wire) srcs=("$root/src/cm/wire.c") ;;
     names) srcs=("$root/apps/meshcat/names.c") ;;
     dir) srcs=("$root/src/dir/entry.c" "$root/src/cm/nic.c" -libverbs -lrdmacm) ;;
+    etcd) srcs=("$root/src/dir/etcd/resp.c" "$root/src/dir/etcd/json.c" -levent_core -ljson-c) ;;
     *) echo "unknown fuzz target $target" >&2; exit 2 ;;
 esac
 command -v clang >/dev/null || { echo "SKIP: clang not installed (scripts/setup installs it)"; exit 77; }

@@ -4,7 +4,8 @@
  *   open.c    the URL, open and close: the store's life, both links started
  *   http.c    a link: an HTTP/1.1 connection to etcd's JSON gateway (look
  *             up, connect, lose, retry), its requests in order, each with a
- *             deadline, and the responses read within bounds
+ *             deadline
+ *   resp.c    a response read as it comes, within bounds (no I/O: fuzzed)
  *   ops.c     each operation: the gateway calls that make it
  *   events.c  the event link: a watch on the prefix, streamed
  *   json.c    JSON in (json-c) and out, base64
@@ -34,6 +35,7 @@
 #include <stdint.h>
 
 #include "core/list.h"
+#include "dir/etcd/resp.h"
 #include "dir/store.h"
 #include "meshwire.h"
 
@@ -42,7 +44,6 @@ struct evbuffer;
 struct mw__lookup;
 struct json_object;
 
-#define MW__ETCD_RESPONSE_MAX (4u << 20)   /* one response, or one watch message */
 
 /* open.c */
 int mw__etcd_open(mw_ctx_t *ctx, const char *url, const char *prefix,
@@ -66,11 +67,7 @@ struct mw__etcd_link {
     struct event *retry_ev;       /* reconnect, or give up a step at the timeout */
     unsigned retry_ms;
     struct evbuffer *out, *in;
-    /* the response being read */
-    int rstate, status;
-    bool chunked;
-    bool too_long;                /* over MW__ETCD_RESPONSE_MAX: read past */
-    size_t left;                  /* of the body or the chunk */
+    struct mw__resp resp;         /* the response being read (resp.h) */
     struct evbuffer *body;
     void (*ready)(struct mw__etcd_link *l);   /* connected: its own setup */
     /* the event link: the streamed body's bytes, as they come */

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,9 +25,6 @@
 
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 2000
-#define HEAD_LINE_MAX 8192                  /* a status or header line */
-
-enum { RS_STATUS, RS_HEADERS, RS_BODY, RS_CHUNK_SIZE, RS_CHUNK_DATA, RS_CHUNK_END, RS_TRAILER };
 
 struct ereq {
     struct mw__etcd *st;
@@ -71,7 +67,7 @@ static void link_close_fd(struct mw__etcd_link *l)
     evbuffer_drain(l->out, evbuffer_get_length(l->out));
     evbuffer_drain(l->in, evbuffer_get_length(l->in));
     evbuffer_drain(l->body, evbuffer_get_length(l->body));
-    l->rstate = RS_STATUS;
+    l->resp = (struct mw__resp){.stream = l->events};
 }
 
 void mw__etcd_link_drop(struct mw__etcd_link *l, const char *why)
@@ -255,137 +251,30 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
  * Responses
  * ------------------------------------------------------------------------ */
 
-/* A line of the head, or NULL when none is complete yet (*@bad: a line
- * too long). */
-static char *head_line(struct mw__etcd_link *l, bool *bad)
-{
-    size_t n;
-    char *line = evbuffer_readln(l->in, &n, EVBUFFER_EOL_CRLF);
-    *bad = !line && evbuffer_get_length(l->in) > HEAD_LINE_MAX;
-    return line;
-}
-
 static void request_answered(struct mw__etcd_link *l);
 
-/* One response ended (not a streamed one: the event link's never ends
- * while the link is up). */
-static void response_done(struct mw__etcd_link *l)
-{
-    l->rstate = RS_STATUS;
-    if (l->events)
-        mw__etcd_link_drop(l, "the store ended the watch");
-    else
-        request_answered(l);
-}
-
-/* Move what the body has come of @l->in; false once the link dropped. */
-static bool take_body(struct mw__etcd_link *l)
-{
-    size_t n = evbuffer_get_length(l->in);
-    if (n > l->left)
-        n = l->left;
-    if (!l->events && evbuffer_get_length(l->body) + n > MW__ETCD_RESPONSE_MAX) {
-        l->too_long = true;            /* read past, never kept */
-        evbuffer_drain(l->body, evbuffer_get_length(l->body));
-    }
-    if (l->too_long)
-        evbuffer_drain(l->in, n);
-    else
-        evbuffer_remove_buffer(l->in, l->body, n);
-    l->left -= n;
-    if (l->events && n) {
-        l->data(l, l->body);
-        return l->fd >= 0;
-    }
-    return true;
-}
-
-static bool parse_header(struct mw__etcd_link *l, const char *h)
-{
-    if (!strncasecmp(h, "Content-Length:", 15)) {
-        char *end;
-        unsigned long long v = strtoull(h + 15, &end, 10);
-        if (*end || v > (1ull << 40))
-            return false;
-        l->left = (size_t)v;
-    } else if (!strncasecmp(h, "Transfer-Encoding:", 18)) {
-        l->chunked = strstr(h + 18, "chunked") != NULL;
-    }
-    return true;
-}
-
-/* Read what came; false once the link dropped. */
+/* Read what came (resp.c); false once the link dropped. */
 static bool parse(struct mw__etcd_link *l)
 {
     for (;;) {
-        bool bad = false;
-        char *line = NULL;
-        switch (l->rstate) {
-        case RS_STATUS:
-            if (!(line = head_line(l, &bad)))
-                break;
-            if (sscanf(line, "HTTP/1.%*d %d", &l->status) != 1)
-                bad = true;
-            l->left = 0;
-            l->chunked = l->too_long = false;
-            l->rstate = RS_HEADERS;
+        switch (mw__resp_step(&l->resp, l->in, l->body)) {
+        case MW__RESP_MORE:
+            return true;
+        case MW__RESP_DATA:            /* the watch's stream */
+            l->data(l, l->body);
             break;
-        case RS_HEADERS:
-            if (!(line = head_line(l, &bad)))
-                break;
-            if (*line)
-                bad = !parse_header(l, line);
+        case MW__RESP_DONE:
+            if (l->events)
+                mw__etcd_link_drop(l, "the store ended the watch");
             else
-                l->rstate = l->chunked ? RS_CHUNK_SIZE : RS_BODY;
+                request_answered(l);
             break;
-        case RS_BODY:
-            if (!take_body(l))
-                return false;
-            if (l->left)
-                return true;
-            response_done(l);
-            if (l->fd < 0)
-                return false;
-            continue;
-        case RS_CHUNK_SIZE:
-            if (!(line = head_line(l, &bad)))
-                break;
-            char *end;
-            l->left = strtoul(line, &end, 16);
-            if (end == line || (*end && *end != ';'))
-                bad = true;
-            l->rstate = l->left ? RS_CHUNK_DATA : RS_TRAILER;
-            break;
-        case RS_CHUNK_DATA:
-            if (!take_body(l))
-                return false;
-            if (l->left)
-                return true;
-            l->rstate = RS_CHUNK_END;
-            continue;
-        case RS_CHUNK_END:
-        case RS_TRAILER:
-            if (!(line = head_line(l, &bad)))
-                break;
-            if (l->rstate == RS_CHUNK_END)
-                l->rstate = RS_CHUNK_SIZE;
-            else if (!*line) {
-                response_done(l);
-                if (l->fd < 0) {
-                    free(line);
-                    return false;
-                }
-            }
-            break;
-        }
-        if (bad) {
-            free(line);                /* evbuffer_readln's malloc */
-            mw__etcd_link_drop(l, "the store's answer is malformed or too long");
+        case MW__RESP_BAD:
+            mw__etcd_link_drop(l, "the store's answer is malformed");
             return false;
         }
-        if (!line)
-            return true;
-        free(line);                    /* evbuffer_readln's malloc */
+        if (l->fd < 0)
+            return false;
     }
 }
 
@@ -449,22 +338,22 @@ static void request_answered(struct mw__etcd_link *l)
     struct json_object *o = n && text ? mw__json_parse(text, n) : NULL;
     evbuffer_drain(l->body, n);
     if (!l->up) {                      /* the status probe */
-        if (l->status == 200) {
+        if (l->resp.status == 200) {
             mw__etcd_link_up(l);
             mw__etcd_requests_ready(l);
         } else {
             char why[128];
-            snprintf(why, sizeof why, "etcd answered %d to its status", l->status);
-            if ((l->status == 401 || l->status == 403) && st->hooks.refused)
+            snprintf(why, sizeof why, "etcd answered %d to its status", l->resp.status);
+            if ((l->resp.status == 401 || l->resp.status == 403) && st->hooks.refused)
                 st->hooks.refused(st->hooks.arg, -EACCES, why);
             mw__etcd_link_drop(l, why);
         }
     } else if (!mw__list_empty(&st->waiting)) {
         struct ereq *r = mw__list_first(&st->waiting, struct ereq, link);
-        if (l->too_long)
+        if (l->resp.too_long)
             req_finish(r, -EMSGSIZE, "the store's answer is over 4 MiB", NULL);
-        else if (l->status != 200)
-            answer_error(st, r, l->status, o);
+        else if (l->resp.status != 200)
+            answer_error(st, r, l->resp.status, o);
         else if (!o)
             req_finish(r, -EPROTO, "the store's answer is not JSON", NULL);
         else
@@ -589,7 +478,7 @@ int mw__etcd_link_init(struct mw__etcd *st, struct mw__etcd_link *l, bool events
                        void (*ready)(struct mw__etcd_link *l))
 {
     *l = (struct mw__etcd_link){.st = st, .events = events, .fd = -1, .ready = ready,
-                                .retry_ms = RETRY_MIN_MS};
+                                .retry_ms = RETRY_MIN_MS, .resp.stream = events};
     l->data = mw__etcd_events_data;
     l->out = evbuffer_new();
     l->in = evbuffer_new();
