@@ -236,6 +236,8 @@ struct mw__conn_setup {
                                      a refusal wins, then a timeout */
     char **names;                 /* host names among the peers, being looked
                                      up off the loop (NULL: literal) */
+    size_t nnames;                /* entries of names and lookups (the peers
+                                     before those not found dropped out) */
     struct mw__name_lookup *lookups;
     size_t lookups_left;
 

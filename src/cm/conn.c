@@ -122,7 +122,7 @@ static void setup_free(struct mw__conn *c)
     if (!c->setup)
         return;
     struct mw__conn_setup *s = c->setup;
-    for (size_t i = 0; s->names && i < s->npeers; i++) {
+    for (size_t i = 0; s->names && i < s->nnames; i++) {
         if (s->lookups)
             mw__lookup_cancel(s->lookups[i].l);
         mw__free(s->names[i]);

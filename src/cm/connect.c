@@ -143,7 +143,7 @@ static void on_name(void *arg, int err, const char *numeric, const char *why)
 static void on_names_timeout(struct mw__conn *c)
 {
     struct mw__conn_setup *s = c->setup;
-    for (size_t i = 0; i < s->npeers; i++) {
+    for (size_t i = 0; i < s->nnames; i++) {
         if (!s->lookups[i].l)
             continue;
         mw__lookup_cancel(s->lookups[i].l);
@@ -163,6 +163,7 @@ static int names_look_up(struct mw__conn *c)
 {
     struct mw__conn_setup *s = c->setup;
     size_t n = 0;
+    s->nnames = s->npeers;
     for (size_t i = 0; i < s->npeers; i++)
         n += s->names[i] != NULL;
     if (!n)
