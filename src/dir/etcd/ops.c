@@ -18,9 +18,9 @@
 #include "core/alloc.h"
 #include "core/list.h"
 #include "dir/etcd/etcd.h"
+#include "dir/gather.h"
 
 #define PAGE 128                       /* entries per range request */
-#define SCAN_BYTES_MAX (64u << 20)     /* of keys and values gathered */
 #define B64_LEN(n) (((n) + 2) / 3 * 4 + 1)
 
 #define E(s) mw__container_of(s, struct mw__etcd, base)
@@ -350,42 +350,14 @@ struct scan {
     char *from;                        /* base64; a stranger's key may be long */
     char end[B64_LEN(MW__STORE_KEY_MAX + 1)];
     int limit;                         /* PAGE, less after a page over 4 MiB */
-    size_t n, cap, bytes;
-    char **keys, **vals;
-    size_t *lens;
+    struct mw__gather g;
 };
 
 static void scan_finish(struct scan *s, int err, const char *why)
 {
-    s->fn(s->arg, err, why, err ? 0 : s->n, (const char *const *)s->keys,
-          (const char *const *)s->vals, s->lens);
-    for (size_t i = 0; i < s->n; i++) {
-        mw__free(s->keys[i]);
-        mw__free(s->vals[i]);
-    }
-    mw__free(s->keys);
-    mw__free(s->vals);
-    mw__free(s->lens);
+    mw__gather_answer(&s->g, s->fn, s->arg, err, why);
     mw__free(s->from);
     mw__free(s);
-}
-
-static int grow(struct scan *s)
-{
-    size_t cap = s->cap ? 2 * s->cap : PAGE;
-    char **keys = mw__realloc(s->keys, cap * sizeof *keys);
-    if (keys)
-        s->keys = keys;
-    char **vals = mw__realloc(s->vals, cap * sizeof *vals);
-    if (vals)
-        s->vals = vals;
-    size_t *lens = mw__realloc(s->lens, cap * sizeof *lens);
-    if (lens)
-        s->lens = lens;
-    if (!keys || !vals || !lens)
-        return -ENOMEM;
-    s->cap = cap;
-    return 0;
 }
 
 /* One key-value of a page: kept when it could be an entry. */
@@ -398,18 +370,7 @@ static int take(struct scan *s, struct json_object *kv)
         mw__free(k);
         return 0;
     }
-    int rc = s->n == MW__STORE_SCAN_MAX || s->bytes + klen + vlen > SCAN_BYTES_MAX ? -E2BIG
-             : s->n == s->cap ? grow(s) : 0;
-    if (rc) {
-        mw__free(k);
-        mw__free(v);
-        return rc;
-    }
-    s->keys[s->n] = k;
-    s->vals[s->n] = v;
-    s->lens[s->n++] = vlen;
-    s->bytes += klen + vlen;
-    return 0;
+    return mw__gather_take(&s->g, k, klen, v, vlen);
 }
 
 static int page_request(struct scan *s);
@@ -483,9 +444,7 @@ static void on_page(void *arg, int err, const char *why, struct json_object *res
     for (size_t i = 0; i < n; i++) {
         struct json_object *kv = json_object_array_get_idx(kvs, i);
         if ((err = take(s, kv)) < 0)
-            return scan_finish(s, err, err == -E2BIG ? "over 100,000 entries, or 64 MiB, "
-                                                       "under the prefix"
-                                                     : "out of memory");
+            return scan_finish(s, err, mw__gather_why(err));
         last = mw__json_str(kv, "key");
     }
     struct json_object *more = mw__json_obj(res, "more");

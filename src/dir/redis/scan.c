@@ -9,11 +9,11 @@
 #include <hiredis/hiredis.h>
 
 #include "core/alloc.h"
+#include "dir/gather.h"
 #include "dir/redis/redis.h"
 
 #define S(s) (s), strlen(s)
 #define PAGE 128                       /* entries per request */
-#define SCAN_BYTES_MAX (64u << 20)     /* of keys and values gathered */
 
 /* A page of the index KEYS[1] from ARGV[1] to ARGV[2] (ZRANGEBYLEX
  * bounds): the bound the next page starts from ('' after the last page),
@@ -40,22 +40,12 @@ struct scan {
     void *arg;
     char idx[128];
     char *from, *to;                   /* "[PREFIX", then the page's next; "(PREFIX\xff" */
-    size_t n, cap, bytes;
-    char **keys, **vals;
-    size_t *lens;
+    struct mw__gather g;
 };
 
 static void scan_finish(struct scan *s, int err, const char *why)
 {
-    s->fn(s->arg, err, why, err ? 0 : s->n, (const char *const *)s->keys,
-          (const char *const *)s->vals, s->lens);
-    for (size_t i = 0; i < s->n; i++) {
-        mw__free(s->keys[i]);
-        mw__free(s->vals[i]);
-    }
-    mw__free(s->keys);
-    mw__free(s->vals);
-    mw__free(s->lens);
+    mw__gather_answer(&s->g, s->fn, s->arg, err, why);
     mw__free(s->from);
     mw__free(s->to);
     mw__free(s);
@@ -85,34 +75,7 @@ static char *copy(const redisReply *r)
 
 static int take(struct scan *s, const redisReply *k, const redisReply *v)
 {
-    if (s->n == MW__STORE_SCAN_MAX || s->bytes + k->len + v->len > SCAN_BYTES_MAX)
-        return -E2BIG;
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : PAGE;
-        char **keys = mw__realloc(s->keys, cap * sizeof *keys);
-        if (keys)
-            s->keys = keys;
-        char **vals = mw__realloc(s->vals, cap * sizeof *vals);
-        if (vals)
-            s->vals = vals;
-        size_t *lens = mw__realloc(s->lens, cap * sizeof *lens);
-        if (lens)
-            s->lens = lens;
-        if (!keys || !vals || !lens)
-            return -ENOMEM;
-        s->cap = cap;
-    }
-    char *kc = copy(k), *vc = copy(v);
-    if (!kc || !vc) {
-        mw__free(kc);
-        mw__free(vc);
-        return -ENOMEM;
-    }
-    s->keys[s->n] = kc;
-    s->vals[s->n] = vc;
-    s->lens[s->n++] = v->len;
-    s->bytes += k->len + v->len;
-    return 0;
+    return mw__gather_take(&s->g, copy(k), k->len, copy(v), v->len);
 }
 
 static int page_request(struct scan *s);
@@ -130,9 +93,7 @@ static void on_page(const struct mw__redis_caller *to, int err, const char *why,
             return scan_finish(s, -EPROTO, "the store's list held a non-string");
     for (size_t i = 1; i < rep->elements; i += 2)
         if ((err = take(s, rep->element[i], rep->element[i + 1])) < 0)
-            return scan_finish(s, err, err == -E2BIG ? "over 100,000 entries, or 64 MiB, "
-                                                       "under the prefix"
-                                                     : "out of memory");
+            return scan_finish(s, err, mw__gather_why(err));
     const redisReply *next = rep->element[0];
     if (!next->len)
         return scan_finish(s, 0, NULL);
