@@ -37,6 +37,8 @@ struct dcomm {
     int rank, nranks;
     mw_comm_opts_t opts;
     char *own;                       /* this rank's addresses, with its port */
+    int port;
+    mw_listener_t *hold;             /* keeps the port ours until the mesh listens */
     uint64_t run;                    /* 0 until rank 0's is known */
     uint64_t taken;                  /* a run this rank was in already (restarted) */
     bool asked;                      /* published run 0: asks rank 0 for a new run */
@@ -56,6 +58,7 @@ static void dcomm_unref(struct dcomm *dc)
 {
     if (--dc->refs)
         return;
+    mw_listener_free(dc->hold);
     for (int i = 0; dc->slots && i < dc->nranks; i++)
         mw__free(dc->slots[i].addrs);
     mw__free(dc->slots);
@@ -74,6 +77,8 @@ static void finish(struct dcomm *dc, mw_comm_t *comm, int err, const char *msg)
         return;
     dc->done = true;
     event_del(dc->deadline);
+    mw_listener_free(dc->hold);
+    dc->hold = NULL;
     if (dc->watch > 0)
         mw_dir_unwatch(dc->d, dc->watch);
     if (err)                 /* a rank that gave up is no rank to wait for */
@@ -152,6 +157,29 @@ static void publish(struct dcomm *dc)
     }
 }
 
+static void refuse(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l, (void)arg;
+    mw_conn_abort(c);             /* the rank dialling us retries */
+}
+
+/* Hold this rank's port (rdma_cm picks one the first time) with a listener
+ * refusing everyone, so that no other listener or outgoing connection of
+ * any process takes it while the ranks find each other: the communicator
+ * listens there once they have.  Return: 0 or a negative errno. */
+static int hold_port(struct dcomm *dc)
+{
+    char at[16];
+    snprintf(at, sizeof at, "*:%d", dc->port);
+    int rc = mw_listen(dc->ctx, at, &dc->opts.conn, refuse, NULL, &dc->hold);
+    if (rc < 0)
+        return rc;
+    rc = mw_listener_port(dc->hold);
+    if (rc > 0)
+        dc->port = rc;
+    return rc < 0 ? rc : 0;
+}
+
 static void try_form(struct dcomm *dc);
 
 static void on_formed(mw_future_t *f, void *arg)
@@ -165,6 +193,7 @@ static void on_formed(mw_future_t *f, void *arg)
         finish(dc, mw_future_value(f), 0, NULL);
     else if (dc->restart && !dc->done) {  /* a peer changed: start over */
         dc->restart = false;
+        hold_port(dc);                   /* taken meanwhile: the creation says so */
         try_form(dc);
     } else
         finish(dc, NULL, err, mw_future_message(f));
@@ -191,6 +220,8 @@ static void try_form(struct dcomm *dc)
     snprintf(job_id, sizeof job_id, "%s#%016" PRIx64, dc->ident, dc->run);
     mw_comm_opts_t o = dc->opts;
     o.job = job_id;
+    mw_listener_free(dc->hold);          /* the mesh listens there now, in this turn */
+    dc->hold = NULL;
     uint64_t now = mw__now_ms();
     o.timeout_ms = now < dc->end_ms ? (unsigned)(dc->end_ms - now) : 1;
     dc->cf = mw_comm_create(dc->ctx, dc->rank, dc->nranks, peers, &o);
@@ -307,24 +338,6 @@ static void on_watch(mw_directory_t *d, int event, const mw_dir_entry_t *e, void
     try_form(dc);
 }
 
-static void refuse(mw_listener_t *l, mw_conn_t *c, void *arg)
-{
-    (void)l, (void)arg;
-    mw_conn_abort(c);
-}
-
-/* A port free now for this rank's listener: rdma_cm picks one. */
-static int free_port(mw_ctx_t *ctx, const mw_conn_opts_t *opts)
-{
-    mw_listener_t *l;
-    int rc = mw_listen(ctx, "*:0", opts, refuse, NULL, &l);
-    if (rc < 0)
-        return rc;
-    rc = mw_listener_port(l);
-    mw_listener_free(l);
-    return rc;
-}
-
 mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, int nranks,
                                 const mw_comm_opts_t *opts)
 {
@@ -358,14 +371,14 @@ mw_future_t *mw_dir_comm_create(mw_directory_t *d, const char *job, int rank, in
     snprintf(dc->name, sizeof dc->name, "%s/rank/%d", job, rank);
     snprintf(dc->ident, sizeof dc->ident, "%s/%s", dc->opts.job ? dc->opts.job : "", job);
     snprintf(prefix, sizeof prefix, "%s/rank/", job);
-    int port = free_port(ctx, &dc->opts.conn), err = port;
-    if (port > 0 && !(dc->own = mw__dir_listen_addrs(ctx, "*", port, &err)))
-        port = err;
-    if (port < 0) {
+    int err = hold_port(dc);
+    if (!err)
+        dc->own = mw__dir_listen_addrs(ctx, "*", dc->port, &err);
+    if (err < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "mw_dir_comm_create: no local address to listen on: %s",
-                 mw_strerror(port));
-        finish(dc, NULL, port, msg);
+                 mw_strerror(err));
+        finish(dc, NULL, err, msg);
         return f;
     }
     mw__ev_add_ms(ctx, dc->deadline, dc->opts.timeout_ms);

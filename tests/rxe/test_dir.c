@@ -3,7 +3,8 @@
  * communicator of 3 ranks (processes) formed through Redis, past a stale
  * entry of an earlier run; one that cannot form names who is missing; a
  * rank 0 that restarts with a new run makes the others start over; a rank
- * that dies, restarted, rejoins the survivors' communicator; a stranger
+ * that dies, restarted, rejoins the survivors' communicator; the port a
+ * rank published stays its own until its communicator listens; a stranger
  * cannot make a publication hold more than max_conns connections. */
 #include <errno.h>
 #include <setjmp.h>
@@ -450,6 +451,46 @@ static void comm_restarted_rank_rejoins(void **state)
     assert_int_equal(reap(p[1]), 0);
 }
 
+/* The port a rank publishes stays its own while the ranks gather: another
+ * listener (of any process; or an outgoing connection given it as its
+ * source port) cannot take it, and the communicator listens there once
+ * the last rank comes.  (Freed between the publish and the forming, the
+ * port was once taken by another rank's connection: "cannot start".) */
+static void comm_port_stays_ours_while_ranks_gather(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx, *other;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    assert_int_equal(mw_ctx_new(&other, NULL, NULL), 0);
+    mw_directory_t *d = open_dir(ctx);
+    mw_comm_opts_t co;
+    mw_comm_opts_init(&co);
+    co.timeout_ms = 60000;
+    mw_future_t *cf = mw_dir_comm_create(d, "job6", 0, 2, &co);
+    for (int i = 0; i < 100 && !store_exists("mw:job6/rank/0"); i++)
+        loop_for(ctx, 50);
+    mw_dir_list_t *l = value_of(mw_dir_lookup(d, "job6/rank/0"), 0);
+    const char *colon = strrchr(l->e[0].addrs, ':');
+    assert_non_null(colon);
+    char at[16];
+    snprintf(at, sizeof at, "*:%s", colon + 1);
+    mw_dir_list_free(l);
+    mw_listener_t *thief = NULL;
+    int rc = mw_listen(other, at, NULL, keep, NULL, &thief);
+    if (rc == 0)
+        fail_msg("another listener took %s, the port rank 0 published", at);
+    pid_t p1 = spawn_rank("job6", 1, 2, 60000);
+    mw_comm_t *comm = value_of(cf, 0);
+    assert_int_equal(allreduce_ok(comm, 0, 2), 0);
+    mw_future_t *closed = mw_comm_close(comm);
+    assert_int_equal(mw_wait(closed), 0);
+    mw_future_unref(closed);
+    assert_int_equal(reap(p1), 0);
+    mw_dir_free(d);
+    mw_ctx_free(other);
+    mw_ctx_free(ctx);
+}
+
 /* The impatient caller: cancelled while it waits for ranks that never
  * come, it stops at once and takes its entry back. */
 static void comm_cancelled_takes_its_entry_back(void **state)
@@ -518,6 +559,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(comm_restarted_rank0_starts_over),
         cmocka_unit_test(comm_restarted_rank_rejoins),
         cmocka_unit_test(comm_cancelled_takes_its_entry_back),
+        cmocka_unit_test(comm_port_stays_ours_while_ranks_gather),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1300,7 +1300,7 @@ static void hostile_entries_are_refused(void **state)
     free(huge);
     struct seen s = {0};
     assert_true(mw_dir_watch(d, "bad/", on_watch, &s) >= 1);
-    run(ctx, 2000, &s.synced);
+    run(ctx, 10000, &s.synced);      /* 5 MiB of values read first */
     assert_int_equal(s.joined, 1);
     hostile_put("mwtest:bad/late", "garbage");                  /* a hostile change */
     hostile_put("mwtest:bad/late2",                             /* and a port too far */
