@@ -1,0 +1,26 @@
+/* How late a context's loop runs: a 1 ms timer on it, the longest gap seen
+ * between two of its ticks (what a turn that stalls the loop costs every
+ * other timer and descriptor), and the most CPU the loop's thread used
+ * between two ticks (its own work: a gap without it is the thread waiting
+ * for a CPU others hold). */
+#ifndef MW_TEST_LATENESS_H
+#define MW_TEST_LATENESS_H
+
+#include "meshwire.h"
+
+struct lateness {
+    struct event *ev;
+    double last_s, last_cpu_s;
+    double worst_ms;              /* the longest gap between ticks */
+    double worst_cpu_ms;          /* the most CPU time between ticks */
+};
+
+/* lateness_start() - tick on @ctx's loop from now.  Return 0 or -1. */
+int lateness_start(mw_ctx_t *ctx, struct lateness *t);
+void lateness_stop(struct lateness *t);
+
+/* lateness_bound_ms() - the gap a test may allow: 20 ms, 300 under
+ * valgrind (everything ~30x slower). */
+double lateness_bound_ms(double ms);
+
+#endif
