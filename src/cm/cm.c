@@ -150,12 +150,39 @@ static void cm_device_event(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
     }
 }
 
+/* Connections set up after their device got ready, a few per turn: each
+ * costs a queue pair and its receive slots (about a millisecond on
+ * soft-RoCE), and a device that registered a large memory off the loop
+ * may have dozens waiting -- a stranger's connection requests too. */
+#define RESUMED_PER_TURN 4
+
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    mw_ctx_t *ctx = arg;
+    struct mw__cm *cm = ctx->layers[MW__LAYER_CM].state;
+    int n = 0;
+    struct mw__conn *c;
+    mw__list_for_each(c, &cm->conns, link) {
+        if (!c->setup || !c->setup->dev_wait || !c->path.dev->ready)
+            continue;
+        if (n++ == RESUMED_PER_TURN) {
+            mw__ev_add(ctx, cm->resume_ev, &mw__zero_tv);   /* the rest next turn */
+            return;
+        }
+        mw__conn_device_ready(c, c->path.dev, 0);
+    }
+}
+
 /* A device that was registering memory is usable (or failed): the
- * connections waiting for it go on. */
+ * connections waiting for it go on (failed at once). */
 static void cm_device_ready(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int err)
 {
-    (void)ctx;
     struct mw__cm *cm = state;
+    if (!err && cm->resume_ev) {
+        mw__ev_add(ctx, cm->resume_ev, &mw__zero_tv);
+        return;
+    }
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link)
         mw__conn_device_ready(c, dev, err);
@@ -193,6 +220,8 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
     event_free(cm->ev);
     if (cm->sync_ev)
         event_free(cm->sync_ev);
+    if (cm->resume_ev)
+        event_free(cm->resume_ev);
     rdma_destroy_event_channel(cm->ch);
     mw__free(cm->nics);
     mw__free(cm);
@@ -228,6 +257,7 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
         return NULL;
     }
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
+    cm->resume_ev = evtimer_new(ctx->base, on_resume, ctx);   /* NULL: all at once */
     ctx->layers[MW__LAYER_CM] =
         (struct mw__layer){.state = cm, .teardown = cm_teardown,
                            .device_event = cm_device_event, .device_ready = cm_device_ready,

@@ -39,6 +39,7 @@ struct mw__cm {
     struct mw__list conns;        /* every connection not yet freed */
     struct mw__list listeners;
     struct event *sync_ev;        /* after a device removal: librdmacm syncs */
+    struct event *resume_ev;      /* connections a ready device lets go on */
     int sync_left;
     struct mw__sentinel *sentinels;   /* an id bound to each device (sentinel.c) */
 };

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "cm/cm.h"
+#include "cm/export.h"
 #include "core/alloc.h"
 #include "core/cq.h"
 #include "core/dev.h"
@@ -34,12 +35,12 @@ struct mw__conn_export {
     struct mw__conn_export *next;
 };
 
-int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
+/* @c's export of [addr, addr+len), standing or pending (@done, @arg: see
+ * mw__export_new_async; NULL: made now, whatever its size). */
+static int export_on(struct mw__conn *c, void *addr, size_t len, mw_remote_t *out,
+                     void (*done)(void *arg, int err), void *arg,
+                     struct mw__conn_export **xp)
 {
-    int err;
-    struct mw__conn *c = mw__conn_of(h, __func__, &err);
-    if (!c)
-        return err;
     if (!addr || !len || !out)
         return -EINVAL;
     if (!c->path.pd || c->path.dev->removed)
@@ -47,15 +48,74 @@ int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
     struct mw__conn_export *x = mw__calloc(1, sizeof *x);
     if (!x)
         return -ENOMEM;
-    int rc = mw__export_new(c->ctx, c->path.pd, addr, len, &x->e);
+    int rc = done ? mw__export_new_async(c->ctx, c->path.pd, addr, len, &x->e, done, arg)
+                  : mw__export_new(c->ctx, c->path.pd, addr, len, &x->e);
     if (rc < 0) {
         mw__free(x);
         return rc;
     }
     x->next = c->exports;
     c->exports = x;
-    *out = (mw_remote_t){.addr = (uintptr_t)addr, .len = len, .rkey = x->e.rkey};
-    return 0;
+    if (rc == 0)
+        *out = (mw_remote_t){.addr = (uintptr_t)addr, .len = len, .rkey = x->e.rkey};
+    if (xp)
+        *xp = x;
+    return rc;
+}
+
+int mw_mem_export(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out)
+{
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    return c ? export_on(c, addr, len, out, NULL, NULL, NULL) : err;
+}
+
+/* An export of mw__mem_export_async under way. */
+struct export_wait {
+    struct mw__conn *c;
+    struct mw__conn_export *x;    /* the connection's (freed by it on -ECANCELED) */
+    void (*done)(void *arg, int err, const mw_remote_t *r);
+    void *arg;
+};
+
+static void unlink_export(struct mw__conn *c, struct mw__conn_export *x)
+{
+    for (struct mw__conn_export **pp = &c->exports; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            mw__free(x);
+            return;
+        }
+}
+
+static void export_made(void *arg, int err)
+{
+    struct export_wait *w = arg;
+    mw_remote_t r = {0};
+    if (!err)
+        r = (mw_remote_t){.addr = w->x->e.start, .len = w->x->e.end - w->x->e.start,
+                          .rkey = w->x->e.rkey};
+    else if (err != -ECANCELED)   /* still listed, never standing */
+        unlink_export(w->c, w->x);
+    w->done(w->arg, err, err ? NULL : &r);
+    mw__free(w);
+}
+
+int mw__mem_export_async(mw_conn_t *h, void *addr, size_t len, mw_remote_t *out,
+                         void (*done)(void *arg, int err, const mw_remote_t *r), void *arg)
+{
+    int err;
+    struct mw__conn *c = mw__conn_of(h, __func__, &err);
+    if (!c)
+        return err;
+    struct export_wait *w = done ? mw__malloc(sizeof *w) : NULL;
+    if (!w)
+        return done ? -ENOMEM : -EINVAL;
+    *w = (struct export_wait){.c = c, .done = done, .arg = arg};
+    int rc = export_on(c, addr, len, out, export_made, w, &w->x);
+    if (rc != 1)
+        mw__free(w);
+    return rc;
 }
 
 int mw_mem_unexport(mw_conn_t *h, const mw_remote_t *r)
@@ -68,7 +128,8 @@ int mw_mem_unexport(mw_conn_t *h, const mw_remote_t *r)
         return -EINVAL;
     for (struct mw__conn_export **pp = &c->exports; *pp; pp = &(*pp)->next) {
         struct mw__conn_export *x = *pp;
-        if (x->e.rkey == r->rkey && x->e.start == r->addr && x->e.end - x->e.start == r->len) {
+        if (!x->e.pending && x->e.rkey == r->rkey && x->e.start == r->addr &&
+            x->e.end - x->e.start == r->len) {
             *pp = x->next;
             mw__export_withdraw(c->ctx, &x->e);
             mw__free(x);

@@ -79,8 +79,12 @@ struct mw__dir_serve {
     char **names;
     void **addrs;
     size_t *lens;
+    struct mw__list exporting;    /* accepted, large shares still being exported */
 };
 int mw__dir_serve_init(struct mw__dir_serve *s, mw_ctx_t *ctx, const mw_dir_pub_t *pub);
+/* mw__dir_serve_stop() - the publication ends: the connections whose shares
+ * are still being exported are aborted, never handed to on_accept. */
+void mw__dir_serve_stop(struct mw__dir_serve *s);
 void mw__dir_serve_fini(struct mw__dir_serve *s);
 void mw__dir_serve_accept(mw_listener_t *l, mw_conn_t *c, void *arg);
 /* The addresses a listener on @listen reached at @port is published

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 
 #include "cm/addrs.h"
+#include "cm/export.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
 #include "core/ctx.h"
@@ -21,6 +22,7 @@
 int mw__dir_serve_init(struct mw__dir_serve *s, mw_ctx_t *ctx, const mw_dir_pub_t *pub)
 {
     *s = (struct mw__dir_serve){.ctx = ctx, .on_accept = pub->on_accept, .arg = pub->arg};
+    mw__list_init(&s->exporting);
     size_t n = pub->nshares;
     if (n && (!(s->names = mw__calloc(n, sizeof *s->names)) ||
               !(s->addrs = mw__calloc(n, sizeof *s->addrs)) ||
@@ -37,8 +39,33 @@ int mw__dir_serve_init(struct mw__dir_serve *s, mw_ctx_t *ctx, const mw_dir_pub_
     return 0;
 }
 
+/* A connection accepted, its shares being exported: it reaches on_accept
+ * once they all are and their table is on its way. */
+struct exporting {
+    struct mw__dir_serve *s;      /* NULL: the publication ended meanwhile */
+    mw_listener_t *l;
+    mw_conn_t *c;
+    mw_remote_t r[MW__DIR_REGIONS_MAX];
+    size_t pending;               /* exports still being made */
+    int err;
+    struct mw__list link;         /* in s->exporting while s lives */
+};
+
+void mw__dir_serve_stop(struct mw__dir_serve *s)
+{
+    if (!s->exporting.next)       /* never served (no listener), or finished */
+        return;
+    struct exporting *x;
+    mw__list_for_each(x, &s->exporting, link) {
+        mw__list_del(&x->link);
+        x->s = NULL;              /* its last export frees it */
+        mw_conn_abort(x->c);      /* which lets go of its exports */
+    }
+}
+
 void mw__dir_serve_fini(struct mw__dir_serve *s)
 {
+    mw__dir_serve_stop(s);
     for (size_t i = 0; i < s->n; i++)
         mw__free(s->names[i]);
     mw__free(s->names);
@@ -53,27 +80,64 @@ static void on_table_sent(mw_future_t *f, void *arg)
     mw__free(arg);
 }
 
-void mw__dir_serve_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+/* Every share exported (or one failed, or the connection went meanwhile:
+ * -ECANCELED): send the table, hand the connection over. */
+static void serve(struct exporting *x)
 {
-    struct mw__dir_serve *s = arg;
-    mw_remote_t r[MW__DIR_REGIONS_MAX];
-    uint8_t *buf = mw__malloc(MW__DIR_TABLE_MAX);
-    int rc = buf ? 0 : -ENOMEM;
-    for (size_t i = 0; !rc && i < s->n; i++)
-        rc = mw_mem_export(c, s->addrs[i], s->lens[i], &r[i]);
-    int len = rc ? rc : mw__dir_table_encode((const char *const *)s->names, r, s->n, buf,
-                                             MW__DIR_TABLE_MAX);
-    mw_future_t *f = len < 0 ? NULL : mw_send(c, buf, (size_t)len);
+    struct mw__dir_serve *s = x->s;
+    uint8_t *buf = x->err ? NULL : mw__malloc(MW__DIR_TABLE_MAX);
+    int len = x->err ? x->err : !buf ? -ENOMEM
+            : mw__dir_table_encode((const char *const *)s->names, x->r, s->n, buf,
+                                   MW__DIR_TABLE_MAX);
+    mw_future_t *f = len < 0 ? NULL : mw_send(x->c, buf, (size_t)len);
     if (!f) {
-        MW_LOG(s->ctx, MW_LOG_ERROR, "directory: a connection refused: its shares could "
+        MW_LOG(s->ctx, len == -ECANCELED ? MW_LOG_DEBUG : MW_LOG_ERROR, "directory: a connection refused: its shares could "
                 "not be exported or sent: %s", mw_strerror(len < 0 ? len : -ENOMEM));
         mw__free(buf);
-        mw_conn_abort(c);
+        mw_conn_abort(x->c);
         return;
     }
     mw_future_then(f, on_table_sent, buf);    /* the buffer lives until sent */
     mw_future_unref(f);
-    s->on_accept(l, c, s->arg);
+    s->on_accept(x->l, x->c, s->arg);
+}
+
+static void exported(void *arg, int err, const mw_remote_t *r)
+{
+    struct exporting *x = arg;
+    if (err && !x->err)
+        x->err = err;
+    for (size_t i = 0; r && x->s && i < x->s->n; i++)   /* which share: by its address */
+        if (x->r[i].len == 0 && (uintptr_t)x->s->addrs[i] == r->addr && x->s->lens[i] == r->len)
+            x->r[i] = *r;
+    if (--x->pending)
+        return;
+    if (x->s) {
+        mw__list_del(&x->link);
+        serve(x);
+    }
+    mw__free(x);
+}
+
+void mw__dir_serve_accept(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    struct mw__dir_serve *s = arg;
+    struct exporting *x = mw__calloc(1, sizeof *x);
+    if (!x) {
+        MW_LOG(s->ctx, MW_LOG_ERROR, "directory: a connection refused: out of memory");
+        mw_conn_abort(c);
+        return;
+    }
+    *x = (struct exporting){.s = s, .l = l, .c = c, .pending = 1};  /* 1: this call's */
+    mw__list_add_tail(&s->exporting, &x->link);
+    for (size_t i = 0; i < s->n && !x->err; i++) {
+        int rc = mw__mem_export_async(c, s->addrs[i], s->lens[i], &x->r[i], exported, x);
+        if (rc == 1)
+            x->pending++;
+        else if (rc < 0)
+            x->err = rc;
+    }
+    exported(x, 0, NULL);
 }
 
 char *mw__dir_listen_addrs(mw_ctx_t *ctx, const char *listen, int port, int *err)

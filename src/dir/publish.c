@@ -154,6 +154,7 @@ static void pub_remove(struct pub *p, bool del, mw_future_t *f)
     if (p->l)
         mw_listener_free(p->l);
     p->l = NULL;
+    mw__dir_serve_stop(&p->serve);  /* connections not handed over yet */
     /* still publishing: that ends here */
     pub_settle(p, -ECANCELED, "publishing", "unpublished before it was stored");
     if (del) {

@@ -204,6 +204,16 @@ int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
     return 0;
 }
 
+uint64_t mw__mem_region_id(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                           size_t len)
+{
+    struct mw__mem *m = mw__mem_of(ctx);
+    struct mw__region *r;
+    if (!m || !mw__registrar_has(&m->rg, dev) || find(m, dev, addr, len, &r) < 0)
+        return 0;
+    return r->id;
+}
+
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
                  uint32_t *lkey)
 {
@@ -215,12 +225,12 @@ int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_
     if (rc < 0)
         return rc;
     const struct mw__keys *k;
-    rc = mw__region_pd_keys(&m->rg, r, pd, &k);
+    rc = mw__region_pd_keys(&m->rg, r, pd, (uintptr_t)addr, len, &k);
     if (rc < 0) {
         char why[112];
-        mw__memlock_why(rc, r->end - r->start, why, sizeof why);
-        MW_LOG(ctx, MW_LOG_WARN, "registering [%#lx, %#lx) for a connection: %s",
-               (unsigned long)r->start, (unsigned long)r->end, why);
+        mw__memlock_why(rc, len, why, sizeof why);
+        MW_LOG(ctx, MW_LOG_WARN, "registering a window around [%#lx, %#lx) for a "
+               "connection: %s", (unsigned long)addr, (unsigned long)addr + len, why);
         return rc == -EFAULT || rc == -EINVAL ? -EIO : rc;   /* those mean the range here */
     }
     *lkey = k->lkey;

@@ -25,18 +25,23 @@ struct ibv_pd;
  * that learns or guesses a key of another connection reaches nothing.
  * All memory stays registered with each device's own domain too: that
  * pins it (off the loop where large) and says what is registered; a
- * connection's domain registers a region again, at its first post from it
- * (already pinned: about as cheap as a lookup of its pages). */
+ * connection's domain registers again only windows of a region, each at
+ * its first post from it (mem/region.h: at most 8 times what the post
+ * moves, 2 MiB at least; already pinned, about as cheap as a lookup of its
+ * pages), so a connection pins about what it posts from, not whole
+ * regions. */
 struct mw__pd {
     struct mw__dev *dev;
     struct ibv_pd *pd;
     int slot;                     /* in the registrar's table; -1: none */
+    int jobs;                     /* exports being registered in it off the loop */
+    bool freed;                   /* mw__pd_free()d: dealloc'd once jobs is 0 */
 };
 
 /* mw__pd_new() / mw__pd_free() - a protection domain of its own for one
  * connection on @dev (pd.c).  Free it after its queue pair and its exports:
- * it drops the registrations made in it.  The first returns 0 or a
- * negative errno. */
+ * it drops the registrations made in it (one the helper thread is still
+ * making ends with it, later).  The first returns 0 or a negative errno. */
 int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out);
 void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd);
 
@@ -50,8 +55,8 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
                   void (*done)(void *arg, mw_mr_t *mr, int err), void *arg);
 
 /* mw__mem_keys() - the local key of @pd for [addr, addr+len), which must
- * lie inside one region registered with @pd's device; the region is
- * registered in @pd on first use.  Return 0, -EFAULT when the range is not
+ * lie inside one region registered with @pd's device; the window of the
+ * region holding it is registered in @pd on first use.  Return 0, -EFAULT when the range is not
  * registered memory, -ENODEV (@pd unknown), or the registration's error. */
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
                  uint32_t *lkey);
@@ -75,10 +80,11 @@ void mw__mem_sync(mw_ctx_t *ctx);
  * every export over it first, so a key a peer holds never reaches memory
  * handed out again. */
 struct mw__export {
-    struct ibv_mr *mr;            /* NULL once withdrawn */
+    struct ibv_mr *mr;            /* NULL until standing, and once withdrawn */
     uintptr_t start, end;
     uint32_t rkey;                /* what the peer was given (kept after) */
     struct mw__list link;         /* in the memory layer's list while standing */
+    void *pending;                /* being registered off the loop */
 };
 
 /* mw__export_new() - register [addr, addr+len) of registered memory for
@@ -86,8 +92,17 @@ struct mw__export {
  * (not memory from mw_alloc or mw_reg), or the device's error. */
 int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e);
-/* mw__export_withdraw() - deregister @e: its key works no more.  Again is
- * a no-op. */
+/* mw__export_new_async() - mw__export_new() without stalling the loop: a
+ * range over MW__REG_ASYNC_BYTES is registered by the helper thread.
+ * Return 0 (standing now: @done is not called), 1 (pending: @done(arg, err)
+ * runs from the loop once, @e standing when err is 0; -EFAULT if the
+ * memory was released meanwhile, -ECANCELED if @e was withdrawn first), or
+ * a negative errno. */
+int mw__export_new_async(mw_ctx_t *ctx, struct mw__pd *pd, void *addr, size_t len,
+                         struct mw__export *e, void (*done)(void *arg, int err), void *arg);
+/* mw__export_withdraw() - deregister @e: its key works no more.  One still
+ * pending is let go of (its registration is dropped when made; @e may be
+ * freed now).  Again is a no-op. */
 void mw__export_withdraw(mw_ctx_t *ctx, struct mw__export *e);
 
 #endif

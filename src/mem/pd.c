@@ -30,14 +30,28 @@ int mw__pd_new(mw_ctx_t *ctx, struct mw__dev *dev, struct mw__pd **out)
     return 0;
 }
 
-void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd)
+static void pd_dealloc(mw_ctx_t *ctx, struct mw__pd *pd)
 {
-    if (!pd)
-        return;
-    mw__mem_remove_pd(ctx, pd);
     int rc = ibv_dealloc_pd(pd->pd);   /* the errno value itself */
     if (rc)
         MW_LOG(ctx, MW_LOG_WARN, "a connection's protection domain on %s: cannot free it: %s",
                pd->dev->name, mw_strerror(-rc));
     mw__free(pd);
+}
+
+void mw__pd_free(mw_ctx_t *ctx, struct mw__pd *pd)
+{
+    if (!pd)
+        return;
+    mw__mem_remove_pd(ctx, pd);
+    if (pd->jobs)
+        pd->freed = true;         /* the last export job deallocates it */
+    else
+        pd_dealloc(ctx, pd);
+}
+
+void mw__pd_unhold(mw_ctx_t *ctx, struct mw__pd *pd)
+{
+    if (--pd->jobs == 0 && pd->freed)
+        pd_dealloc(ctx, pd);
 }

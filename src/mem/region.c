@@ -26,14 +26,14 @@ void mw__registrar_fini(struct mw__registrar *rg)
     rg->nslots = rg->npds = 0;
 }
 
-/* One backend registration into @k; errors normalised to a negative errno. */
-static int reg_keys(struct mw__registrar *rg, struct mw__region *r, struct mw__dev *dev,
-                    const struct mw__pd *pd, struct mw__keys *k)
+/* One backend registration of [start, end) into @k; errors normalised to a
+ * negative errno. */
+static int reg_keys(struct mw__registrar *rg, uintptr_t start, uintptr_t end,
+                    struct mw__dev *dev, const struct mw__pd *pd, struct mw__keys *k)
 {
     (*rg->nreg)++;
     errno = 0;
-    k->handle = rg->be.reg(rg->be.be, dev, pd, (void *)r->start, r->end - r->start, &k->lkey,
-                           &k->rkey);
+    k->handle = rg->be.reg(rg->be.be, dev, pd, (void *)start, end - start, &k->lkey, &k->rkey);
     if (k->handle)
         return 0;
     int err = errno > 0 ? -errno : -EIO;
@@ -55,7 +55,7 @@ static int dereg_keys(struct mw__registrar *rg, struct mw__keys *k)
 
 static int reg_one(struct mw__registrar *rg, struct mw__region *r, int i)
 {
-    return reg_keys(rg, r, rg->devs[i], NULL, &r->keys[i]);
+    return reg_keys(rg, r->start, r->end, rg->devs[i], NULL, &r->keys[i]);
 }
 
 static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
@@ -63,17 +63,31 @@ static int dereg_one(struct mw__registrar *rg, struct mw__region *r, int i)
     return dereg_keys(rg, &r->keys[i]);
 }
 
-int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r)
+/* Deregister every window of @w; the first error. */
+static int drop_wins(struct mw__registrar *rg, struct mw__pdwins *w)
 {
     int err = 0;
-    for (int i = 0; i < r->npkeys; i++) {
-        int rc = dereg_keys(rg, &r->pkeys[i]);
+    for (int i = 0; i < w->n; i++) {
+        int rc = dereg_keys(rg, &w->v[i].k);
         if (rc < 0 && !err)
             err = rc;
     }
-    mw__free(r->pkeys);
-    r->pkeys = NULL;
-    r->npkeys = 0;
+    mw__free(w->v);
+    *w = (struct mw__pdwins){0};
+    return err;
+}
+
+int mw__region_drop_pd_keys(struct mw__registrar *rg, struct mw__region *r)
+{
+    int err = 0;
+    for (int i = 0; i < r->npwins; i++) {
+        int rc = drop_wins(rg, &r->pwins[i]);
+        if (rc < 0 && !err)
+            err = rc;
+    }
+    mw__free(r->pwins);
+    r->pwins = NULL;
+    r->npwins = 0;
     return err;
 }
 
@@ -177,31 +191,86 @@ void mw__registrar_remove_pd(struct mw__registrar *rg, struct mw__pd *pd)
         return;
     struct mw__region *r;
     mw__list_for_each(r, &rg->all, link)
-        if (pd->slot < r->npkeys)
-            dereg_keys(rg, &r->pkeys[pd->slot]);
+        if (pd->slot < r->npwins)
+            drop_wins(rg, &r->pwins[pd->slot]);
     rg->pds[pd->slot] = NULL;
     pd->slot = -1;
 }
 
+/* The window of @r holding [addr, addr+len): its id and bounds. */
+static uint64_t window_of(const struct mw__region *r, uintptr_t addr, size_t len,
+                          uintptr_t *start, uintptr_t *end)
+{
+    if (r->end - r->start <= MW__PDWIN_WHOLE) {
+        *start = r->start;
+        *end = r->end;
+        return UINT64_MAX;        /* the whole region */
+    }
+    uintptr_t size = MW__PDWIN_MIN;
+    uint64_t c = 0;
+    while (len > size / 2 && size < 2 * (r->end - r->start)) {
+        size <<= 2;
+        c++;
+    }
+    uintptr_t k = addr / (size / 2);
+    uintptr_t s = k * (size / 2), e = s + size;
+    *start = s > r->start ? s : r->start;
+    *end = e < r->end && e > s ? e : r->end;
+    return c << 56 | k;
+}
+
+/* Where @id is in @w, or would be inserted. */
+static int win_pos(const struct mw__pdwins *w, uint64_t id)
+{
+    int lo = 0, hi = w->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (w->v[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 int mw__region_pd_keys(struct mw__registrar *rg, struct mw__region *r,
-                       const struct mw__pd *pd, const struct mw__keys **k)
+                       const struct mw__pd *pd, uintptr_t addr, size_t len,
+                       const struct mw__keys **k)
 {
     int i = pd->slot;
-    if (i >= r->npkeys) {
+    if (i >= r->npwins) {
         int n = rg->npds;         /* > i: grown once per table growth */
-        struct mw__keys *v = mw__realloc(r->pkeys, (size_t)n * sizeof *v);
+        struct mw__pdwins *v = mw__realloc(r->pwins, (size_t)n * sizeof *v);
         if (!v)
             return -ENOMEM;
-        memset(v + r->npkeys, 0, (size_t)(n - r->npkeys) * sizeof *v);
-        r->pkeys = v;
-        r->npkeys = n;
+        memset(v + r->npwins, 0, (size_t)(n - r->npwins) * sizeof *v);
+        r->pwins = v;
+        r->npwins = n;
     }
-    if (!r->pkeys[i].handle) {
-        int rc = reg_keys(rg, r, pd->dev, pd, &r->pkeys[i]);
-        if (rc < 0)
-            return rc;
+    struct mw__pdwins *w = &r->pwins[i];
+    uintptr_t start, end;
+    uint64_t id = window_of(r, addr, len, &start, &end);
+    int at = win_pos(w, id);
+    if (at < w->n && w->v[at].id == id) {
+        *k = &w->v[at].k;
+        return 0;
     }
-    *k = &r->pkeys[i];
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 4;
+        struct mw__pdwin *v = mw__realloc(w->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        w->v = v;
+        w->cap = cap;
+    }
+    struct mw__keys nk;
+    int rc = reg_keys(rg, start, end, pd->dev, pd, &nk);
+    if (rc < 0)
+        return rc;
+    memmove(&w->v[at + 1], &w->v[at], (size_t)(w->n - at) * sizeof *w->v);
+    w->v[at] = (struct mw__pdwin){.id = id, .k = nk};
+    w->n++;
+    *k = &w->v[at].k;
     return 0;
 }
 

@@ -37,6 +37,30 @@ struct mw__keys {
     uint32_t lkey, rkey;
 };
 
+/* A connection's protection domain registers a large region in windows,
+ * never whole (a region may be a GiB, and the domain is a stranger's as
+ * much as anyone's); one of at most MW__PDWIN_WHOLE it registers whole, at
+ * once (a single device object, and the arena's first mappings, where the
+ * slots are, are such).  A window of class c is 2 MiB << 2c long and
+ * starts at a multiple of half its length, clipped to the region: a range
+ * of at most half a class's length lies inside the window of that class
+ * starting at or below it.  Each range takes the smallest class that holds
+ * it, so a registration is at most 8 times the range (and 2 MiB at
+ * least), and a domain pins at most about twice what it posts from. */
+#define MW__PDWIN_MIN ((uintptr_t)2 << 20)
+#define MW__PDWIN_WHOLE ((uintptr_t)16 << 20)
+
+struct mw__pdwin {
+    uint64_t id;              /* class << 56 | start / (half its length) */
+    struct mw__keys k;
+};
+
+/* One domain's windows of one region, sorted by id. */
+struct mw__pdwins {
+    struct mw__pdwin *v;
+    int n, cap;
+};
+
 /* [start, end), embedded in whatever owns it (an arena mapping, a mw_reg
  * registration) so the owner's extra state sits next to it. */
 struct mw__region {
@@ -44,8 +68,8 @@ struct mw__region {
     uintptr_t start, end;
     struct mw__keys *keys;    /* by device index; nkeys >= registrar's nslots */
     int nkeys;
-    struct mw__keys *pkeys;   /* by protection domain slot, made on first use */
-    int npkeys;
+    struct mw__pdwins *pwins; /* by protection domain slot, made on first use */
+    int npwins;
     struct mw__list link;     /* in the registrar's list of live regions */
 };
 
@@ -90,10 +114,12 @@ int mw__registrar_add_pd(struct mw__registrar *rg, struct mw__pd *pd);
 /* mw__registrar_remove_pd() - deregister every region from @pd and free
  * its slot: after this the domain holds no registration of ours. */
 void mw__registrar_remove_pd(struct mw__registrar *rg, struct mw__pd *pd);
-/* mw__region_pd_keys() - @r's keys in @pd, registering @r there on first
- * use.  Return 0 with *@k set, or the backend's error / -ENOMEM. */
+/* mw__region_pd_keys() - keys in @pd for [addr, addr+len) of @r: those of
+ * the window holding it, registered there on first use.  Return 0 with *@k
+ * set, or the backend's error / -ENOMEM. */
 int mw__region_pd_keys(struct mw__registrar *rg, struct mw__region *r,
-                       const struct mw__pd *pd, const struct mw__keys **k);
+                       const struct mw__pd *pd, uintptr_t addr, size_t len,
+                       const struct mw__keys **k);
 
 /* Adding a device without registering in the caller's thread: begin_dev
  * makes @dev known (regions made from now on register with it at once)
@@ -278,5 +304,14 @@ void mw__regcache_free(struct mw__mem *m);
  * went since the last look: before a lookup may trust the index.  One
  * atomic load when nothing went. */
 void mw__regcache_sync(struct mw__mem *m);
+
+/* mw__pd_unhold() - an export job done with @pd (pd.c): the last one
+ * deallocates a domain freed meanwhile. */
+void mw__pd_unhold(mw_ctx_t *ctx, struct mw__pd *pd);
+
+/* mw__mem_region_id() - the id of the live region holding [addr, addr+len)
+ * with keys of @dev; 0 if none (keys.c). */
+uint64_t mw__mem_region_id(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
+                           size_t len);
 
 #endif

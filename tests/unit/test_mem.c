@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -948,6 +949,50 @@ static void connection_domains_register_apart(void **state)
     mw_free(e->ctx, p);
 }
 
+/* What a domain has registered: the sum of its live registrations. */
+static uint64_t pd_bytes(struct env *e, const struct mw__pd *pd)
+{
+    uint64_t sum = 0;
+    for (struct fake_mr *mr = e->fake.mrs; mr; mr = mr->next)
+        if (mr->pd == pd->slot)
+            sum += mr->end - mr->start;
+    return sum;
+}
+
+/* A domain registers windows of a region, never the whole of a large one:
+ * a small post a 2 MiB window (one crossing a window's edge too), a long
+ * one at most 8 times its length; posting from the whole region pins at
+ * most about twice the region. */
+static void connection_domains_register_windows(void **state)
+{
+    struct env *e = *state;
+    add_dev(e, 0);
+    enum { BIG = 64 << 20 };
+    uint8_t *p = mw_alloc(e->ctx, BIG);
+    assert_non_null(p);
+    struct mw__pd a = {.dev = &e->dev[0], .slot = -1};
+    assert_int_equal(mw__mem_add_pd(e->ctx, &a), 0);
+    uint32_t k = pd_lkey(e, &a, p + (10 << 20), 4096);
+    assert_true(e->fake.last_end - e->fake.last_start <= MW__PDWIN_MIN);
+    unsigned regs = e->fake.regs;
+    assert_int_equal(pd_lkey(e, &a, p + (10 << 20) + 8192, 100), k);   /* the same window */
+    assert_int_equal(e->fake.regs, regs);
+    pd_lkey(e, &a, p + (12 << 20) - 100, 200);                  /* across an edge */
+    assert_true(e->fake.last_end - e->fake.last_start <= MW__PDWIN_MIN);
+    pd_lkey(e, &a, p + 100, 16 << 20);                          /* a long one */
+    assert_true(e->fake.last_end - e->fake.last_start <= 8 * (16u << 20));
+    for (size_t off = 0; off < BIG; off += 1 << 20)             /* everything */
+        pd_lkey(e, &a, p + off, 1 << 20);
+    uint64_t sum = pd_bytes(e, &a);
+    printf("64 MiB posted from in 1 MiB pieces: %llu MiB registered in the domain\n",
+           (unsigned long long)(sum >> 20));
+    assert_true(sum <= 2 * (uint64_t)BIG + 2 * MW__PDWIN_MIN + (128u << 20));
+    struct mw__pd gone = a;
+    mw__mem_remove_pd(e->ctx, &a);
+    assert_int_equal(pd_bytes(e, &gone), 0);             /* all dropped with it */
+    mw_free(e->ctx, p);
+}
+
 static void teardown_deregisters_everything(void **state)
 {
     struct env *e = *state;
@@ -980,6 +1025,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(dereg_refuses_what_it_does_not_hold, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(keys_lookup_rules, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(connection_domains_register_apart, setup_unkept, teardown),
+        cmocka_unit_test_setup_teardown(connection_domains_register_windows, setup, teardown),
         cmocka_unit_test_setup_teardown(reg_rejects_bad_args, setup, teardown),
         cmocka_unit_test_setup_teardown(late_device_registers_live_regions, setup_unkept, teardown),
         cmocka_unit_test_setup_teardown(failing_backend_leaves_no_state, setup_unkept, teardown),
