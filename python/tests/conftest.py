@@ -44,6 +44,13 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 77
 
 
+def _tied(argv):
+    """@argv killed when this process dies, however it dies (meson's timeout
+    too): util-linux's setpriv sets its parent-death signal."""
+    setpriv = "/usr/bin/setpriv"
+    return [setpriv, "--pdeathsig", "KILL", *argv] if os.access(setpriv, os.X_OK) else argv
+
+
 def _redis(d, *config):
     """A redis-server (Debian's, as scripts/setup installs it) on a unix
     socket in directory @d, with @config options: (process, "unix:SOCK")."""
@@ -51,8 +58,8 @@ def _redis(d, *config):
     if not os.access(server, os.X_OK):
         pytest.fail("redis-server not installed (scripts/setup installs it)")
     sock = str(d / "redis.sock")
-    p = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "",
-                          "--appendonly", "no", "--dir", str(d), *config],
+    p = subprocess.Popen(_tied([server, "--port", "0", "--unixsocket", sock, "--save", "",
+                                "--appendonly", "no", "--dir", str(d), *config]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(500):
         try:
@@ -94,11 +101,12 @@ def _etcd(d):
         pytest.fail("etcd not installed (scripts/setup installs etcd-server)")
     port, peer = _free_port(), _free_port()
     client, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
-    p = subprocess.Popen([server, "--name", "t", "--data-dir", str(d / "data"),
-                          "--listen-client-urls", client, "--advertise-client-urls", client,
-                          "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls",
-                          peer_url, "--initial-cluster", f"t={peer_url}",
-                          "--logger", "zap", "--log-level", "error"],
+    p = subprocess.Popen(_tied([server, "--name", "t", "--data-dir", str(d / "data"),
+                                "--listen-client-urls", client, "--advertise-client-urls",
+                                client, "--listen-peer-urls", peer_url,
+                                "--initial-advertise-peer-urls", peer_url,
+                                "--initial-cluster", f"t={peer_url}",
+                                "--logger", "zap", "--log-level", "error"]),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ask = b"POST /v3/maintenance/status HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     for _ in range(1000):

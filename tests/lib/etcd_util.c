@@ -98,12 +98,7 @@ void etcd_start(struct etcd_fixture *f, bool empty)
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                     "--initial-cluster", cluster, "--logger", "zap", "--log-level", "error",
                     NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    assert_int_equal(posix_spawn(&f->pid, ETCD_SERVER, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    f->pid = store_spawn(ETCD_SERVER, argv);
     for (int i = 0; i < 500; i++) {
         if (etcd_post(f, "/v3/maintenance/status", "{}", NULL, 0) == 200)
             return;

@@ -42,6 +42,28 @@ extern char **environ;
  * more locks than its deadlock detector tracks), and the server's output
  * goes to /dev/null, so a test that dies never leaves it holding meson's
  * pipes. */
+#define SETPRIV "/usr/bin/setpriv"
+
+pid_t store_spawn(const char *path, char *const argv[])
+{
+    char *tied[64] = {SETPRIV, "--pdeathsig", "KILL", (char *)path};
+    bool tie = access(SETPRIV, X_OK) == 0;
+    size_t n = 4;
+    for (size_t i = 1; argv[i] && n < sizeof tied / sizeof *tied - 1; i++)
+        tied[n++] = argv[i];
+    tied[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = tie ? posix_spawn(&pid, SETPRIV, &fa, NULL, tied, environ)
+                 : posix_spawn(&pid, path, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    assert_int_equal(rc, 0);
+    return pid;
+}
+
 pid_t redis_start(const char *sock, bool no_config)
 {
     return redis_start_auth(sock, no_config, NULL);
@@ -101,13 +123,7 @@ static pid_t start(const char *sock, int port, bool no_config, bool notify,
         argv[n++] = "CONFIG";
         argv[n++] = "";
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, REDIS_SERVER, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    pid_t pid = store_spawn(REDIS_SERVER, argv);
     for (int i = 0; i < 250; i++) {
         if (answers(sock))
             return pid;

@@ -29,6 +29,10 @@ pid_t redis_start_stock(const char *sock);
 pid_t redis_start_tcp(const char *sock, int port);
 /* redis_free_port() - a TCP port of 127.0.0.1 free right now. */
 int redis_free_port(void);
+/* store_spawn() - start @path with @argv (argv[0] is @path), its output to
+ * /dev/null, killed when the test process dies however it dies (meson's
+ * timeout too: setpriv --pdeathsig, util-linux's).  Return its pid. */
+pid_t store_spawn(const char *path, char *const argv[]);
 /* redis_stop() - send @sig and reap it. */
 void redis_stop(pid_t pid, int sig);
 /* A test's own store: a fresh directory under /tmp holding its socket. */
