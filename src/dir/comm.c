@@ -58,7 +58,6 @@ static void dcomm_unref(struct dcomm *dc)
 {
     if (--dc->refs)
         return;
-    mw_listener_free(dc->hold);
     for (int i = 0; dc->slots && i < dc->nranks; i++)
         mw__free(dc->slots[i].addrs);
     mw__free(dc->slots);

@@ -91,8 +91,9 @@ static void serve(struct exporting *x)
                                    MW__DIR_TABLE_MAX);
     mw_future_t *f = len < 0 ? NULL : mw_send(x->c, buf, (size_t)len);
     if (!f) {
-        MW_LOG(s->ctx, len == -ECANCELED ? MW_LOG_DEBUG : MW_LOG_ERROR, "directory: a connection refused: its shares could "
-                "not be exported or sent: %s", mw_strerror(len < 0 ? len : -ENOMEM));
+        MW_LOG(s->ctx, len == -ECANCELED ? MW_LOG_DEBUG : MW_LOG_ERROR, "directory: a "
+               "connection refused: its shares could not be exported or sent: %s",
+               mw_strerror(len < 0 ? len : -ENOMEM));
         mw__free(buf);
         mw_conn_abort(x->c);
         return;

@@ -187,14 +187,22 @@ void mw__mem_sync(mw_ctx_t *ctx)
         mw__regcache_sync(mw__mem_of(ctx));
 }
 
-int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
-                     uint32_t *lkey, uint32_t *rkey)
+/* The live region holding [addr, addr+len) with keys of @dev: 0 with *@rp
+ * set, -ENODEV (@dev not added), or find()'s errors. */
+static int dev_region(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                      struct mw__region **rp)
 {
     struct mw__mem *m = mw__mem_of(ctx);
     if (!m || !mw__registrar_has(&m->rg, dev))
         return -ENODEV;
+    return find(m, dev, addr, len, rp);
+}
+
+int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
+                     uint32_t *lkey, uint32_t *rkey)
+{
     struct mw__region *r;
-    int rc = find(m, dev, addr, len, &r);
+    int rc = dev_region(ctx, dev, addr, len, &r);
     if (rc < 0)
         return rc;
     if (lkey)
@@ -207,11 +215,8 @@ int mw__mem_dev_keys(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
 uint64_t mw__mem_region_id(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr,
                            size_t len)
 {
-    struct mw__mem *m = mw__mem_of(ctx);
     struct mw__region *r;
-    if (!m || !mw__registrar_has(&m->rg, dev) || find(m, dev, addr, len, &r) < 0)
-        return 0;
-    return r->id;
+    return dev_region(ctx, dev, addr, len, &r) < 0 ? 0 : r->id;
 }
 
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
