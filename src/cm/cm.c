@@ -150,11 +150,12 @@ static void cm_device_event(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
     }
 }
 
-/* Connections set up after their device got ready, a few per turn: each
- * costs a queue pair and its receive slots (about a millisecond on
- * soft-RoCE), and a device that registered a large memory off the loop
- * may have dozens waiting -- a stranger's connection requests too. */
-#define RESUMED_PER_TURN 4
+/* Connections set up after their device got ready, one per turn: each
+ * costs a queue pair and its receive slots, registered in its own domain
+ * (4-5 ms of CPU on soft-RoCE), and a device that opened or registered a
+ * large memory off the loop may have dozens waiting -- a stranger's
+ * connection requests too. */
+#define RESUMED_PER_TURN 1
 
 static void on_resume(evutil_socket_t fd, short what, void *arg)
 {

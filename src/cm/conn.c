@@ -267,8 +267,13 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     snprintf(c->stats.device, sizeof c->stats.device, "%s", c->path.dev->name);
     if (!c->path.dev->ready) {
         c->setup->dev_wait = true;
-        snprintf(why, cap, "waiting for %s to register memory", c->path.dev->name);
+        snprintf(why, cap, "waiting for %s to open and register memory", c->path.dev->name);
         return -EINPROGRESS;
+    }
+    if (c->path.dev->removed) {       /* it failed to open, there and then */
+        const char *gone = c->path.dev->why;
+        snprintf(why, cap, "%s", gone[0] ? gone : "its RDMA device is gone");
+        return -ENODEV;
     }
     mw__addr_str(rdma_get_local_addr(c->id), c->stats.local, sizeof c->stats.local);
     mw__addr_str(rdma_get_peer_addr(c->id), c->stats.remote, sizeof c->stats.remote);

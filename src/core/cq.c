@@ -190,36 +190,30 @@ const struct mw__cq_driver mw__verbs_cq_driver = {
     .req_notify = verbs_req_notify,
 };
 
-int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp)
+int mw__cq_create(struct mw__cq *cq, struct ibv_context *verbs, int depth)
 {
-    struct mw__cq *cq = mw__calloc(1, sizeof *cq);
-    struct ibv_comp_channel *ch = NULL;
-    struct ibv_cq *vcq = NULL;
-    int rc = -ENOMEM;
-    if (!cq)
-        return rc;
-    ch = ibv_create_comp_channel(verbs);
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(verbs);
     if (!ch)
-        goto fail;
-    int fl = fcntl(ch->fd, F_GETFL);
+        return errno ? -errno : -ENOMEM;
+    int rc, fl = fcntl(ch->fd, F_GETFL);
     if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        goto fail_errno;
-    vcq = ibv_create_cq(verbs, depth, cq, ch, 0);
-    if (!vcq)
-        goto fail_errno;
-    if ((rc = mw__cq_start(ctx, cq, &mw__verbs_cq_driver, ch->fd, ch, vcq)) < 0)
         goto fail;
-    *cqp = cq;
+    struct ibv_cq *vcq = ibv_create_cq(verbs, depth, cq, ch, 0);
+    if (!vcq)
+        goto fail;
+    cq->chan = ch;
+    cq->cq = vcq;
     return 0;
-fail_errno:
-    rc = errno ? -errno : -EIO;
 fail:
-    if (vcq)
-        ibv_destroy_cq(vcq);
-    if (ch)
-        ibv_destroy_comp_channel(ch);
-    mw__free(cq);
+    rc = errno ? -errno : -EIO;
+    ibv_destroy_comp_channel(ch);
     return rc;
+}
+
+int mw__cq_watch(mw_ctx_t *ctx, struct mw__cq *cq)
+{
+    struct ibv_comp_channel *ch = cq->chan;
+    return mw__cq_start(ctx, cq, &mw__verbs_cq_driver, ch->fd, ch, cq->cq);
 }
 
 void mw__cq_close(struct mw__cq *cq)
@@ -227,8 +221,10 @@ void mw__cq_close(struct mw__cq *cq)
     if (!cq)
         return;
     mw__cq_stop(cq);                  /* acks first: destroy waits for them */
-    ibv_destroy_cq(cq->cq);
-    ibv_destroy_comp_channel(cq->chan);
+    if (cq->cq)
+        ibv_destroy_cq(cq->cq);
+    if (cq->chan)
+        ibv_destroy_comp_channel(cq->chan);
     mw__free(cq);
 }
 

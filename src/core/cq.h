@@ -62,9 +62,15 @@ void mw__cq_fail(struct mw__cq *cq, const char *what, int err);
  * peer delivered before leaving is taken first. */
 void mw__cq_drain_now(struct mw__cq *cq);
 
-/* mw__cq_open() / mw__cq_close() - a real CQ of @depth entries on @verbs
- * with its own non-blocking completion channel. */
-int mw__cq_open(mw_ctx_t *ctx, struct ibv_context *verbs, int depth, struct mw__cq **cqp);
+/* A real CQ, in two halves.  mw__cq_create(): the verbs calls, on any
+ * thread (the helper's: on soft-RoCE they take milliseconds) -- a CQ of
+ * @depth entries on @verbs, its events naming @cq (zeroed, the caller's
+ * allocation), with its own non-blocking completion channel.
+ * mw__cq_watch(): on the loop, watch and arm it.  Both return 0 or a
+ * negative errno.  mw__cq_close(): destroy whatever of it exists, and
+ * free @cq. */
+int mw__cq_create(struct mw__cq *cq, struct ibv_context *verbs, int depth);
+int mw__cq_watch(mw_ctx_t *ctx, struct mw__cq *cq);
 void mw__cq_close(struct mw__cq *cq);
 
 /* mw__cq_dispatch() - hand @n completions to the operations that posted

@@ -198,40 +198,86 @@ static int watch_async(mw_ctx_t *ctx, struct mw__dev *dev)
     return mw__watch_fd(ctx, fd);
 }
 
-static int dev_open(mw_ctx_t *ctx, struct ibv_context *verbs, int index, struct mw__dev **devp)
+/* Opening a device, in two halves.  The verbs calls -- its attributes, a
+ * protection domain, a CQ and its channel: 15-20 ms of CPU on soft-RoCE --
+ * run on the helper thread into the job, never into the device, which
+ * waits unready meanwhile (its connections too).  The loop then takes the
+ * results in, watches the CQ and the device's events, and hands the device
+ * to the layers (ctx.h, device_open). */
+struct open_job {
+    struct mw__job job;
+    struct mw__dev *dev;             /* read-only on the helper: verbs, depth */
+    int depth;                       /* asked for; the device may allow less */
+    int err;
+    const char *what;                /* the call that failed */
+    struct ibv_device_attr attr;
+    struct ibv_pd *pd;
+    struct mw__cq *cq;               /* zeroed; made on the helper */
+};
+
+static void open_work(struct mw__job *j)
 {
-    struct mw__dev *dev = mw__calloc(1, sizeof *dev);
-    if (!dev)
-        return -ENOMEM;
-    dev->ctx = ctx;
-    dev->index = index;
-    dev->verbs = verbs;
-    snprintf(dev->name, sizeof dev->name, "%s", ibv_get_device_name(verbs->device));
-    int rc = -ibv_query_device(verbs, &dev->attr);
-    if (rc < 0)
-        goto fail;
-    dev->soft_roce = dev->attr.vendor_id == MW__RXE_VENDOR_ID;
-    dev->pd = ibv_alloc_pd(verbs);
-    if (!dev->pd) {
-        rc = errno ? -errno : -ENOMEM;
-        goto fail;
+    struct open_job *o = (struct open_job *)j;
+    struct ibv_context *verbs = o->dev->verbs;
+    o->what = "query";
+    if ((o->err = -ibv_query_device(verbs, &o->attr)) < 0)
+        return;
+    o->what = "allocate a protection domain on";
+    if (!(o->pd = ibv_alloc_pd(verbs))) {
+        o->err = errno ? -errno : -ENOMEM;
+        return;
     }
-    int depth = ctx->opts.cq_depth ? (int)ctx->opts.cq_depth : DEFAULT_CQ_DEPTH;
-    if (depth > dev->attr.max_cqe)
-        depth = dev->attr.max_cqe;
-    if ((rc = mw__cq_open(ctx, verbs, depth, &dev->cq)) < 0)
-        goto fail;
+    o->what = "create a completion queue on";
+    o->err = mw__cq_create(o->cq, verbs, o->depth < o->attr.max_cqe ? o->depth : o->attr.max_cqe);
+}
+
+/* On the loop: what the helper made becomes the device's, watched. */
+static int open_take(struct open_job *o)
+{
+    struct mw__dev *dev = o->dev;
+    dev->attr = o->attr;
+    dev->soft_roce = dev->attr.vendor_id == MW__RXE_VENDOR_ID;
+    dev->pd = o->pd;
+    dev->cq = o->cq;
+    o->cq = NULL;
+    if (o->err < 0)
+        return o->err;
+    int rc = mw__cq_watch(dev->ctx, dev->cq);
+    if (rc < 0)
+        return rc;
     dev->cq->broken_fn = cq_broken;
     dev->cq->broken_arg = dev;
     dev->cqe_size = ((struct ibv_cq *)dev->cq->cq)->cqe;
-    if ((rc = watch_async(ctx, dev)) < 0)
-        goto fail;
-    *devp = dev;
-    return 0;
-fail:
-    MW_LOG(ctx, MW_LOG_ERROR, "cannot open RDMA device %s: %s", dev->name, mw_strerror(rc));
-    dev_close(dev);
-    return rc;
+    return watch_async(dev->ctx, dev);
+}
+
+static void opened(struct mw__job *j)
+{
+    struct open_job *o = (struct open_job *)j;
+    struct mw__dev *dev = o->dev;
+    mw_ctx_t *ctx = dev->ctx;
+    int rc = open_take(o);
+    if (rc < 0)
+        snprintf(dev->why, sizeof dev->why, "cannot %s RDMA device %s: %s",
+                 o->err < 0 ? o->what : "watch", dev->name, mw_strerror(rc));
+    mw__free(o);
+    if (ctx->closing)                 /* nobody waits; mw__devs_free releases it */
+        return;
+    if (rc == 0) {
+        ctx->stats.devices++;
+        MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, "
+               "max_mr_size %llu)", dev->name, dev->attr.max_qp, dev->attr.max_cqe,
+               (unsigned long long)dev->attr.max_mr_size);
+        /* The layers take it in before anyone can post on it: the memory
+         * layer registers what exists with it now, or, when there is much,
+         * on the helper thread (mw__dev_ready follows). */
+        if (!dev->remove_pending && (rc = open_in_layers(ctx, dev)) == 1)
+            return;
+        if (rc < 0 && !dev->why[0])
+            snprintf(dev->why, sizeof dev->why, "cannot take RDMA device %s in: %s",
+                     dev->name, mw_strerror(rc));
+    }
+    mw__dev_ready(dev, rc);
 }
 
 static void notify_ready(struct mw__dev *dev, int err)
@@ -276,23 +322,23 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
     if (!v)
         return -ENOMEM;
     d->v = v;
-    struct mw__dev *dev = NULL;
-    int rc = dev_open(ctx, verbs, d->n, &dev);
-    if (rc < 0)
-        return rc;
-    /* The layers take it in before anyone can post on it: the memory layer
-     * registers what exists with it now, or, when there is much, on the
-     * helper thread (it is then not ready until mw__dev_ready). */
-    if ((rc = open_in_layers(ctx, dev)) < 0) {
-        dev_close(dev);
-        return rc;
+    struct mw__dev *dev = mw__calloc(1, sizeof *dev);
+    struct open_job *o = mw__calloc(1, sizeof *o);
+    struct mw__cq *cq = mw__calloc(1, sizeof *cq);
+    if (!dev || !o || !cq) {
+        mw__free(dev), mw__free(o), mw__free(cq);
+        return -ENOMEM;
     }
-    dev->ready = rc == 0;
+    *dev = (struct mw__dev){.ctx = ctx, .index = d->n, .verbs = verbs};
+    snprintf(dev->name, sizeof dev->name, "%s", ibv_get_device_name(verbs->device));
     d->v[d->n++] = dev;
-    ctx->stats.devices++;
-    MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, max_mr_size %llu)",
-           dev->name, dev->attr.max_qp, dev->attr.max_cqe,
-           (unsigned long long)dev->attr.max_mr_size);
+    *o = (struct open_job){.job = {.work = open_work, .done = opened}, .dev = dev, .cq = cq,
+                           .depth = ctx->opts.cq_depth ? (int)ctx->opts.cq_depth
+                                                       : DEFAULT_CQ_DEPTH};
+    if (mw__worker_submit(ctx, &o->job) < 0) {   /* no helper: here, then */
+        open_work(&o->job);
+        opened(&o->job);
+    }
     *devp = dev;
     return 0;
 }

@@ -22,9 +22,10 @@ struct mw__dev {
     struct event *async_ev;        /* the device's asynchronous events */
     bool removed;                  /* hot-removed: verbs, pd, cq gone */
     bool broken;                   /* its CQ failed or it reported a fatal error */
-    bool ready;                    /* every layer took it in (every region
-                                      has its keys here) */
-    bool remove_pending;           /* removed while registering: finish after */
+    bool ready;                    /* opened, and every layer took it in
+                                      (every region has its keys here) */
+    bool remove_pending;           /* removed while opening or registering:
+                                      finish after */
     char why[192];                 /* "RDMA device NAME cannot register...":
                                       why registering memory with it failed,
                                       for the connections that waited on it */
@@ -50,11 +51,12 @@ uint64_t mw__dev_post_chunk(const struct mw__dev *dev, uint64_t max);
 bool mw__dev_post_timed(uint64_t bytes);
 void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 
-/* mw__dev_get() - the device record for @verbs, opening it (PD, CQ, the
- * layers' device_open: the memory layer registers all existing memory with
- * the new PD) on first use.  Much memory is registered off the loop: the
- * device is returned with ready false, and the layers' device_ready hook
- * says when it is usable.
+/* mw__dev_get() - the device record for @verbs, opening it on first use:
+ * its PD and CQ are made on the helper thread, then the layers take it in
+ * (device_open: the memory layer registers all existing memory with the
+ * new PD, off the loop when there is much).  A new device is returned with
+ * ready false; the layers' device_ready hook says when it is usable, or
+ * why not (then it is removed, and a later call opens it anew).
  * Return: 0 or a negative errno. */
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
 

@@ -16,6 +16,7 @@
 #include "core/alloc.h"
 #include "core/ctx.h"
 #include "core/resolve.h"
+#include "core/thread.h"
 
 int (*mw__getaddrinfo)(const char *, const char *, const struct addrinfo *,
                        struct addrinfo **) = getaddrinfo;
@@ -129,31 +130,19 @@ static void *lookup_run(void *arg)
     return NULL;
 }
 
-/* Detached, with every signal blocked: they stay the application's. */
 static int thread_start(struct mw__lookup *l)
 {
-    pthread_attr_t attr;
-    sigset_t all, old;
     pthread_t t;
     if (atomic_fetch_add(&running, 1) >= LOOKUPS_MAX) {
         atomic_fetch_sub(&running, 1);
         return -EAGAIN;
     }
-    if (pthread_attr_init(&attr)) {
-        atomic_fetch_sub(&running, 1);
-        return -ENOMEM;
-    }
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
     atomic_fetch_add(&l->refs, 1);
-    int rc = -pthread_create(&t, &attr, lookup_run, l);
+    int rc = mw__thread_start(&t, true, lookup_run, l);
     if (rc) {
         atomic_fetch_sub(&l->refs, 1);
         atomic_fetch_sub(&running, 1);
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
     return rc;
 }
 

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "core/alloc.h"
+#include "core/thread.h"
 #include "core/worker.h"
 
 struct mw__worker {
@@ -106,7 +107,7 @@ static int worker_start(mw_ctx_t *ctx)
     if (!(w->ev = event_new(ctx->base, w->efd, EV_READ | EV_PERSIST, on_done, w)) ||
         event_add(w->ev, NULL) < 0 || (rc = mw__watch_fd(ctx, w->efd)) < 0)
         goto fail;
-    if ((rc = -pthread_create(&w->thread, NULL, run, w)) < 0) {
+    if ((rc = mw__thread_start(&w->thread, false, run, w)) < 0) {
         mw__unwatch_fd(ctx, w->efd);
         goto fail;
     }

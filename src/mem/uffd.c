@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/thread.h"
 #include "mem/uffd.h"
 
 #define PAGE ((uintptr_t)4096)
@@ -121,7 +122,7 @@ int mw__uffd_new(struct mw__uffd **up, int wake_fd)
     pthread_mutex_init(&u->lock, NULL);
     int rc = (u->stop_fd = eventfd(0, EFD_CLOEXEC)) < 0 ? -errno : 0;
     if (!rc)
-        rc = -pthread_create(&u->thread, NULL, monitor, u);
+        rc = mw__thread_start(&u->thread, false, monitor, u);
     if (rc) {
         if (u->stop_fd >= 0)
             close(u->stop_fd);
