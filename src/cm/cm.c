@@ -165,7 +165,7 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
     int n = 0;
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link) {
-        if (!c->setup || !c->setup->dev_wait || !c->path.dev->ready)
+        if (!c->setup || !c->setup->dev_wait || !c->path.dev || !c->path.dev->ready)
             continue;
         if (n++ == RESUMED_PER_TURN) {
             mw__ev_add(ctx, cm->resume_ev, &mw__zero_tv);   /* the rest next turn */

@@ -248,7 +248,7 @@ struct mw__conn_setup {
                                      outstanding, and will serve */
     uint8_t peer_rd_resources;
 
-    bool dev_wait;                /* paused: the device registers memory */
+    bool dev_wait;                /* paused: the device opens, registers memory */
 };
 
 /* A connection: a small base (identity, state, error, stats) and its parts,
@@ -369,10 +369,10 @@ void mw__cm_metrics(mw_ctx_t *ctx, void *state, struct mw__metrics *m);
 /* mw__conn_hand_over() - the caller holds @c from now on. */
 void mw__conn_hand_over(struct mw__conn *c);
 /* device, QP, buffers, receives; on failure @why says what ran out.
- * -EINPROGRESS: the device is still registering memory (c->setup->dev_wait set):
- * the side's device_ready continues the setup. */
+ * -EINPROGRESS: the device is still opening or registering memory
+ * (c->setup->dev_wait set): the side's device_ready continues the setup. */
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap);
-/* @dev, registering memory, is ready (or failed): @c goes on if it waited. */
+/* @dev, opening, is ready (or failed): @c goes on if it waited. */
 void mw__conn_device_ready(struct mw__conn *c, struct mw__dev *dev, int err);
 void mw__connect_device_ready(struct mw__conn *c, int err);   /* connect.c */
 void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */

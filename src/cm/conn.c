@@ -270,7 +270,7 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
         snprintf(why, cap, "waiting for %s to open and register memory", c->path.dev->name);
         return -EINPROGRESS;
     }
-    if (c->path.dev->removed) {       /* it failed to open, there and then */
+    if (!c->path.dev->pd) {           /* it failed to open, there and then */
         const char *gone = c->path.dev->why;
         snprintf(why, cap, "%s", gone[0] ? gone : "its RDMA device is gone");
         return -ENODEV;

@@ -10,6 +10,7 @@
 #include "cm/cm.h"
 #include "cm/nic.h"
 #include "core/alloc.h"
+#include "core/dev.h"
 #include "core/handle.h"
 
 /* "", "*", ":PORT", "*:PORT" listen on every address; else an address. */
@@ -209,7 +210,8 @@ void mw__accept_local_ready(struct mw__conn *c, int err)
 void mw__accept_device_ready(struct mw__conn *c, int err)
 {
     char reason[160];
-    const char *why = "the RDMA device could not register memory";
+    const char *why = c->path.dev && c->path.dev->why[0] ? c->path.dev->why
+                                                         : "the RDMA device is not usable";
     int rc = err ? err : answer(c, &why, reason, sizeof reason);
     if (rc < 0)
         refuse(c, rc, why);

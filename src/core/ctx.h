@@ -53,8 +53,8 @@ struct mw__layer {
      * broke); @why describes it.  Optional. */
     void (*device_event)(mw_ctx_t *ctx, void *state, struct mw__dev *dev,
                          const struct ibv_async_event *ev, const char *why);
-    /* A device opened with much memory to register became usable (@err 0)
-     * or could not be (its slot is empty again).  Optional. */
+    /* A device opened (off the loop, with its memory registered) became
+     * usable (@err 0) or could not be.  Optional. */
     void (*device_ready)(mw_ctx_t *ctx, void *state, struct mw__dev *dev, int err);
     /* A device was opened: take it in before anything can use it (the
      * memory layer registers what exists with it).  Return 0, 1 when that

@@ -124,8 +124,12 @@ void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev)
 {
     if (!dev || dev->removed)
         return;
-    if (!dev->ready) {                /* the helper still registers on its PD */
+    if (!dev->ready) {
+        /* The helper still opens it or registers on its PD: let it finish
+         * now, while rdma_cm's verbs context still exists (the ids go
+         * next); its done() sees remove_pending and drops the device. */
         dev->remove_pending = true;
+        mw__worker_flush(ctx);
         return;
     }
     MW_LOG(ctx, MW_LOG_WARN, "RDMA device %s removed: releasing what meshwire held on it",
@@ -198,6 +202,14 @@ static int watch_async(mw_ctx_t *ctx, struct mw__dev *dev)
     return mw__watch_fd(ctx, fd);
 }
 
+static void notify_ready(struct mw__dev *dev, int err)
+{
+    mw_ctx_t *ctx = dev->ctx;
+    for (int i = 0; i < MW__LAYERS; i++)
+        if (ctx->layers[i].device_ready)
+            ctx->layers[i].device_ready(ctx, ctx->layers[i].state, dev, err);
+}
+
 /* Opening a device, in two halves.  The verbs calls -- its attributes, a
  * protection domain, a CQ and its channel: 15-20 ms of CPU on soft-RoCE --
  * run on the helper thread into the job, never into the device, which
@@ -206,7 +218,7 @@ static int watch_async(mw_ctx_t *ctx, struct mw__dev *dev)
  * to the layers (ctx.h, device_open). */
 struct open_job {
     struct mw__job job;
-    struct mw__dev *dev;             /* read-only on the helper: verbs, depth */
+    struct mw__dev *dev;             /* the helper reads only its verbs */
     int depth;                       /* asked for; the device may allow less */
     int err;
     const char *what;                /* the call that failed */
@@ -240,7 +252,7 @@ static int open_take(struct open_job *o)
     dev->pd = o->pd;
     dev->cq = o->cq;
     o->cq = NULL;
-    if (o->err < 0)
+    if (o->err < 0 || dev->remove_pending)   /* then only released */
         return o->err;
     int rc = mw__cq_watch(dev->ctx, dev->cq);
     if (rc < 0)
@@ -249,6 +261,23 @@ static int open_take(struct open_job *o)
     dev->cq->broken_arg = dev;
     dev->cqe_size = ((struct ibv_cq *)dev->cq->cq)->cqe;
     return watch_async(dev->ctx, dev);
+}
+
+/* The device could not be opened, or not taken in by a layer (which
+ * let go of it already): what was made goes, and the connections waiting
+ * are told why.  The record stays in its slot, for the next mw__dev_get
+ * on it to try again. */
+static void open_failed(struct mw__dev *dev, int err)
+{
+    MW_LOG(dev->ctx, MW_LOG_ERROR, "%s: connections through it fail", dev->why);
+    dev_release(dev);
+    dev->open_failed = true;
+    if (dev->remove_pending) {        /* and its verbs context goes too */
+        dev->verbs = NULL;
+        dev->removed = true;
+    }
+    dev->ready = true;
+    notify_ready(dev, err);
 }
 
 static void opened(struct mw__job *j)
@@ -263,6 +292,10 @@ static void opened(struct mw__job *j)
     mw__free(o);
     if (ctx->closing)                 /* nobody waits; mw__devs_free releases it */
         return;
+    if (rc == 0 && dev->remove_pending) {
+        mw__dev_ready(dev, 0);        /* which drops it */
+        return;
+    }
     if (rc == 0) {
         ctx->stats.devices++;
         MW_LOG(ctx, MW_LOG_INFO, "opened RDMA device %s (max_qp %d, max_cqe %d, "
@@ -271,21 +304,15 @@ static void opened(struct mw__job *j)
         /* The layers take it in before anyone can post on it: the memory
          * layer registers what exists with it now, or, when there is much,
          * on the helper thread (mw__dev_ready follows). */
-        if (!dev->remove_pending && (rc = open_in_layers(ctx, dev)) == 1)
+        if ((rc = open_in_layers(ctx, dev)) >= 0) {
+            if (rc == 0)
+                mw__dev_ready(dev, 0);
             return;
-        if (rc < 0 && !dev->why[0])
-            snprintf(dev->why, sizeof dev->why, "cannot take RDMA device %s in: %s",
-                     dev->name, mw_strerror(rc));
+        }
+        snprintf(dev->why, sizeof dev->why, "cannot take RDMA device %s in: %s", dev->name,
+                 mw_strerror(rc));
     }
-    mw__dev_ready(dev, rc);
-}
-
-static void notify_ready(struct mw__dev *dev, int err)
-{
-    mw_ctx_t *ctx = dev->ctx;
-    for (int i = 0; i < MW__LAYERS; i++)
-        if (ctx->layers[i].device_ready)
-            ctx->layers[i].device_ready(ctx, ctx->layers[i].state, dev, err);
+    open_failed(dev, rc);
 }
 
 void mw__dev_ready(struct mw__dev *dev, int err)
@@ -297,7 +324,7 @@ void mw__dev_ready(struct mw__dev *dev, int err)
                dev->why[0] ? dev->why : mw_strerror(err));
         dev_drop(ctx, dev);           /* its slot stays, empty: the next connect tries anew */
     } else if (dev->remove_pending) {
-        MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: removed while registering memory", dev->name);
+        MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: removed while opening", dev->name);
         mw__dev_remove(ctx, dev);
         err = -ENODEV;
     } else {
@@ -306,32 +333,19 @@ void mw__dev_ready(struct mw__dev *dev, int err)
     notify_ready(dev, err);
 }
 
-int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
+/* Open @dev (new, or one whose last open failed) on the helper thread. */
+static int open_start(mw_ctx_t *ctx, struct mw__dev *dev)
 {
-    if (!ctx || !verbs || !devp)
-        return -EINVAL;
-    struct mw__dev *known = mw__dev_find(ctx, verbs);
-    if (known) {
-        *devp = known;
-        return 0;
-    }
-    if (!ctx->devs && !(ctx->devs = mw__calloc(1, sizeof *ctx->devs)))
-        return -ENOMEM;
-    struct mw__devs *d = ctx->devs;
-    struct mw__dev **v = mw__realloc(d->v, (d->n + 1) * sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    d->v = v;
-    struct mw__dev *dev = mw__calloc(1, sizeof *dev);
     struct open_job *o = mw__calloc(1, sizeof *o);
     struct mw__cq *cq = mw__calloc(1, sizeof *cq);
-    if (!dev || !o || !cq) {
-        mw__free(dev), mw__free(o), mw__free(cq);
+    if (!o || !cq) {
+        mw__free(o), mw__free(cq);
+        snprintf(dev->why, sizeof dev->why, "no memory to open RDMA device %s", dev->name);
+        dev->ready = dev->open_failed = true;    /* the next mw__dev_get tries again */
         return -ENOMEM;
     }
-    *dev = (struct mw__dev){.ctx = ctx, .index = d->n, .verbs = verbs};
-    snprintf(dev->name, sizeof dev->name, "%s", ibv_get_device_name(verbs->device));
-    d->v[d->n++] = dev;
+    dev->ready = dev->open_failed = false;
+    dev->why[0] = '\0';
     *o = (struct open_job){.job = {.work = open_work, .done = opened}, .dev = dev, .cq = cq,
                            .depth = ctx->opts.cq_depth ? (int)ctx->opts.cq_depth
                                                        : DEFAULT_CQ_DEPTH};
@@ -339,8 +353,36 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
         open_work(&o->job);
         opened(&o->job);
     }
-    *devp = dev;
     return 0;
+}
+
+int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
+{
+    if (!ctx || !verbs || !devp)
+        return -EINVAL;
+    struct mw__dev *dev = mw__dev_find(ctx, verbs);
+    if (dev && !dev->open_failed) {
+        *devp = dev;
+        return 0;
+    }
+    if (!dev) {
+        if (!ctx->devs && !(ctx->devs = mw__calloc(1, sizeof *ctx->devs)))
+            return -ENOMEM;
+        struct mw__devs *d = ctx->devs;
+        struct mw__dev **v = mw__realloc(d->v, (d->n + 1) * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        d->v = v;
+        if (!(dev = mw__calloc(1, sizeof *dev)))
+            return -ENOMEM;
+        *dev = (struct mw__dev){.ctx = ctx, .index = d->n, .verbs = verbs};
+        snprintf(dev->name, sizeof dev->name, "%s", ibv_get_device_name(verbs->device));
+        d->v[d->n++] = dev;
+    }
+    int rc = open_start(ctx, dev);
+    if (rc == 0)
+        *devp = dev;
+    return rc;
 }
 
 void mw__devs_free(mw_ctx_t *ctx)

@@ -24,11 +24,13 @@ struct mw__dev {
     bool broken;                   /* its CQ failed or it reported a fatal error */
     bool ready;                    /* opened, and every layer took it in
                                       (every region has its keys here) */
+    bool open_failed;              /* no PD nor CQ (why says why); the next
+                                      mw__dev_get on it opens it anew */
     bool remove_pending;           /* removed while opening or registering:
                                       finish after */
-    char why[192];                 /* "RDMA device NAME cannot register...":
-                                      why registering memory with it failed,
-                                      for the connections that waited on it */
+    char why[192];                 /* why opening it or registering memory
+                                      with it failed, for the connections
+                                      that waited on it */
     uint32_t post_ns_per_kib;      /* what a post costs per KiB here; 0: unknown */
     bool soft_roce;                /* rxe (its vendor id): see MW__RXE_READS */
 };
@@ -54,18 +56,22 @@ void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
 /* mw__dev_get() - the device record for @verbs, opening it on first use:
  * its PD and CQ are made on the helper thread, then the layers take it in
  * (device_open: the memory layer registers all existing memory with the
- * new PD, off the loop when there is much).  A new device is returned with
- * ready false; the layers' device_ready hook says when it is usable, or
- * why not (then it is removed, and a later call opens it anew).
+ * new PD, off the loop when there is much).  The device comes back unready
+ * (ready only if it failed at once: no helper, and the open failed there);
+ * the layers' device_ready hook says when it is usable, or why not.  A
+ * device whose open failed keeps its slot, pd NULL, and the next call on
+ * it opens it anew there.
  * Return: 0 or a negative errno. */
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
 
-/* mw__dev_ready() - the layer whose device_open answered 1 has taken @dev in
- * (@err 0) or could not (dev->why may say why; the device is dropped, its
- * slot empty): @dev is ready, and the layers' device_ready hooks are told. */
+/* mw__dev_ready() - @dev is taken in by every layer (@err 0), or the layer
+ * registering memory with it could not (dev->why may say why; the device
+ * is dropped, its slot empty), or it was removed meanwhile: @dev is
+ * ready, and the layers' device_ready hooks are told. */
 void mw__dev_ready(struct mw__dev *dev, int err);
 
-/* mw__dev_count() / mw__dev_at() - the devices opened so far. */
+/* mw__dev_count() / mw__dev_at() - the device records so far (opening,
+ * open, failed or removed). */
 int mw__dev_count(const mw_ctx_t *ctx);
 struct mw__dev *mw__dev_at(const mw_ctx_t *ctx, int index);
 
@@ -77,7 +83,8 @@ void mw__devs_free(mw_ctx_t *ctx);
  * the kernel can finish the removal.  The slot stays, empty: device
  * indexes (and the keys tables by index) keep their meaning. */
 void mw__dev_remove(mw_ctx_t *ctx, struct mw__dev *dev);
-/* mw__dev_find() - the open device with verbs context @verbs, or NULL. */
+/* mw__dev_find() - the record of verbs context @verbs (not removed), or
+ * NULL. */
 struct mw__dev *mw__dev_find(const mw_ctx_t *ctx, const struct ibv_context *verbs);
 
 /* mw__dev_reserve_cqe() / mw__dev_release_cqe() - account for @n CQ entries

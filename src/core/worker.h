@@ -1,6 +1,6 @@
-/* A helper thread for work that would stall the loop: registering or
- * deregistering large memory (ibv_reg_mr pins and maps every page, about a
- * second per GiB on soft-RoCE).  Jobs run in submission order on the
+/* A helper thread for work that would stall the loop: opening a device,
+ * registering or deregistering large memory (ibv_reg_mr pins and maps
+ * every page, about a second per GiB on soft-RoCE).  Jobs run in submission order on the
  * helper, which sleeps on a condition variable when it has none: nothing
  * spins.  Their completion comes back through the loop (an eventfd the
  * context watches), where done() runs.  The helper starts on first use. */

@@ -65,6 +65,8 @@ static int make_qp(mw_ctx_t *ctx, struct rdma_cm_id *id, int depth, struct mw__d
     /* the helper thread registers the context's memory with a new device */
     while (!(*devp)->ready)
         event_base_loop(ctx->base, EVLOOP_ONCE);
+    if (!(*devp)->pd)                 /* it could not be opened */
+        return -ENODEV;
     struct ibv_cq *cq = (*devp)->cq->cq;
     struct ibv_qp_init_attr a = {
         .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,

@@ -22,10 +22,12 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "core/dev.h"
 #include "meshwire.h"
 #include "rxe_util.h"
 
@@ -250,6 +252,59 @@ static void device_objects_run_out_cleanly(void **state)
     rxe_wait_accepted(&s, n + 1);
     all_pairs_work(conns, &s, n + 1);
     close_pairs(conns, &s, n + 1);
+    mw_ctx_free(ctx);
+}
+
+/* rdma.max of @cg: hca_object=@objects ("max" for none) on every RDMA device. */
+static void cap_objects(const char *cg, const char *objects)
+{
+    char path[256], limit[320];
+    snprintf(path, sizeof path, "%s/rdma.max", cg);
+    DIR *d = opendir("/sys/class/infiniband");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(limit, sizeof limit, "%s hca_object=%s", e->d_name, objects);
+        assert_int_equal(write_file(path, limit), 0);
+    }
+    closedir(d);
+}
+
+/* A device that cannot be opened (no protection domain to be had) fails
+ * the connection through it with the reason; once it can be, the next
+ * connection opens it, in the same record: failed opens take no new one. */
+static void device_open_failure_is_retried_in_place(void **state)
+{
+    (void)state;
+    const char *why;
+    if (cgroup_enter(cgroup_path, sizeof cgroup_path, &why) < 0) {
+        printf("SKIP device open: %s\n", why);
+        skip();
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    struct rxe_server s;
+    rxe_server_start(&s, ctx, addrs[1], NULL);
+    cap_objects(cgroup_path, "0");
+    for (int i = 0; i < 3; i++) {
+        mw_future_t *f = rxe_connect_future(ctx, addrs[1], s.port, NULL);
+        assert_int_not_equal(mw_wait(f), 0);
+        printf("capped: %s\n", mw_future_message(f));
+        assert_non_null(strstr(mw_future_message(f), "protection domain"));
+        mw_future_unref(f);
+    }
+    assert_int_equal(mw__dev_count(ctx), 1);
+    cap_objects(cgroup_path, "max");
+    mw_future_t *f = rxe_connect_future(ctx, addrs[1], s.port, NULL);
+    assert_int_equal(mw_wait(f), 0);
+    mw_conn_t *c = mw_future_value(f);
+    mw_future_unref(f);
+    assert_int_equal(mw__dev_count(ctx), 1);
+    assert_non_null(mw__dev_at(ctx, 0)->pd);
+    rxe_wait_accepted(&s, 1);
+    all_pairs_work(&c, &s, 1);
+    close_pairs(&c, &s, 1);
     mw_ctx_free(ctx);
 }
 
@@ -646,6 +701,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_allocation_can_fail),
         cmocka_unit_test(cq_entries_run_out_cleanly),
         cmocka_unit_test_teardown(device_objects_run_out_cleanly, cgroup_leave),
+        cmocka_unit_test_teardown(device_open_failure_is_retried_in_place, cgroup_leave),
         cmocka_unit_test(registrable_memory_runs_out_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
