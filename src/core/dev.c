@@ -263,21 +263,26 @@ static int open_take(struct open_job *o)
     return watch_async(dev->ctx, dev);
 }
 
-/* The device could not be opened, or not taken in by a layer (which
- * let go of it already): what was made goes, and the connections waiting
- * are told why.  The record stays in its slot, for the next mw__dev_get
- * on it to try again. */
-static void open_failed(struct mw__dev *dev, int err)
+/* @dev could not be opened, or a layer could not take it in (those that
+ * took it let go first): what was made goes, the connections waiting are
+ * told why, and the record stays -- ready, PD-less (open_failed) -- for
+ * the next mw__dev_get on it to open it anew in place. */
+static void failed(struct mw__dev *dev, int err)
 {
-    MW_LOG(dev->ctx, MW_LOG_ERROR, "%s: connections through it fail", dev->why);
+    MW_LOG(dev->ctx, MW_LOG_ERROR, "%s: connections through it fail",
+           dev->why[0] ? dev->why : mw_strerror(err));
     dev_release(dev);
-    dev->open_failed = true;
     if (dev->remove_pending) {        /* and its verbs context goes too */
         dev->verbs = NULL;
         dev->removed = true;
     }
     dev->ready = true;
     notify_ready(dev, err);
+}
+
+static bool open_failed(const struct mw__dev *dev)
+{
+    return dev->ready && !dev->pd;
 }
 
 static void opened(struct mw__job *j)
@@ -312,18 +317,20 @@ static void opened(struct mw__job *j)
         snprintf(dev->why, sizeof dev->why, "cannot take RDMA device %s in: %s", dev->name,
                  mw_strerror(rc));
     }
-    open_failed(dev, rc);
+    failed(dev, rc);
 }
 
 void mw__dev_ready(struct mw__dev *dev, int err)
 {
     mw_ctx_t *ctx = dev->ctx;
+    if (err) {                        /* a layer could not take it in */
+        mw__worker_flush(ctx);        /* no job may still use its PD */
+        close_in_layers(ctx, dev, MW__LAYERS);   /* MRs before the PD */
+        failed(dev, err);
+        return;
+    }
     dev->ready = true;
-    if (err) {                        /* not removed: unusable, and said why */
-        MW_LOG(ctx, MW_LOG_ERROR, "%s: connections through it fail",
-               dev->why[0] ? dev->why : mw_strerror(err));
-        dev_drop(ctx, dev);           /* its slot stays, empty: the next connect tries anew */
-    } else if (dev->remove_pending) {
+    if (dev->remove_pending) {
         MW_LOG(ctx, MW_LOG_INFO, "RDMA device %s: removed while opening", dev->name);
         mw__dev_remove(ctx, dev);
         err = -ENODEV;
@@ -341,10 +348,10 @@ static int open_start(mw_ctx_t *ctx, struct mw__dev *dev)
     if (!o || !cq) {
         mw__free(o), mw__free(cq);
         snprintf(dev->why, sizeof dev->why, "no memory to open RDMA device %s", dev->name);
-        dev->ready = dev->open_failed = true;    /* the next mw__dev_get tries again */
+        dev->ready = true;            /* PD-less: the next mw__dev_get tries again */
         return -ENOMEM;
     }
-    dev->ready = dev->open_failed = false;
+    dev->ready = false;
     dev->why[0] = '\0';
     *o = (struct open_job){.job = {.work = open_work, .done = opened}, .dev = dev, .cq = cq,
                            .depth = ctx->opts.cq_depth ? (int)ctx->opts.cq_depth
@@ -361,7 +368,7 @@ int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp)
     if (!ctx || !verbs || !devp)
         return -EINVAL;
     struct mw__dev *dev = mw__dev_find(ctx, verbs);
-    if (dev && !dev->open_failed) {
+    if (dev && !open_failed(dev)) {
         *devp = dev;
         return 0;
     }

@@ -24,8 +24,6 @@ struct mw__dev {
     bool broken;                   /* its CQ failed or it reported a fatal error */
     bool ready;                    /* opened, and every layer took it in
                                       (every region has its keys here) */
-    bool open_failed;              /* no PD nor CQ (why says why); the next
-                                      mw__dev_get on it opens it anew */
     bool remove_pending;           /* removed while opening or registering:
                                       finish after */
     char why[192];                 /* why opening it or registering memory
@@ -59,15 +57,16 @@ void mw__dev_post_cost(struct mw__dev *dev, uint64_t bytes, uint64_t ns);
  * new PD, off the loop when there is much).  The device comes back unready
  * (ready only if it failed at once: no helper, and the open failed there);
  * the layers' device_ready hook says when it is usable, or why not.  A
- * device whose open failed keeps its slot, pd NULL, and the next call on
- * it opens it anew there.
+ * device that failed to open or to register keeps its slot, ready and pd
+ * NULL, and the next call on it opens it anew there.
  * Return: 0 or a negative errno. */
 int mw__dev_get(mw_ctx_t *ctx, struct ibv_context *verbs, struct mw__dev **devp);
 
 /* mw__dev_ready() - @dev is taken in by every layer (@err 0), or the layer
- * registering memory with it could not (dev->why may say why; the device
- * is dropped, its slot empty), or it was removed meanwhile: @dev is
- * ready, and the layers' device_ready hooks are told. */
+ * registering memory with it could not (dev->why may say why; it is then
+ * kept PD-less, as a failed open is, for the next mw__dev_get to open
+ * anew), or it was removed meanwhile: @dev is ready, and the layers'
+ * device_ready hooks are told. */
 void mw__dev_ready(struct mw__dev *dev, int err);
 
 /* mw__dev_count() / mw__dev_at() - the device records so far (opening,

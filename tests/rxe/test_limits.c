@@ -205,19 +205,27 @@ static int cgroup_leave(void **state)
     return rc;
 }
 
-static void device_objects_run_out_cleanly(void **state)
+/* Into a cgroup of our own (or skip the test @what), with a context and a
+ * server on it. */
+static mw_ctx_t *cgroup_ctx_server(const char *what, struct rxe_server *s)
 {
-    (void)state;
-    char *cg = cgroup_path, path[256], limit[128], dev[64];
     const char *why;
-    if (cgroup_enter(cg, sizeof cgroup_path, &why) < 0) {
-        printf("SKIP device objects: %s\n", why);
+    if (cgroup_enter(cgroup_path, sizeof cgroup_path, &why) < 0) {
+        printf("SKIP %s: %s\n", what, why);
         skip();
     }
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    rxe_server_start(s, ctx, addrs[1], NULL);
+    return ctx;
+}
+
+static void device_objects_run_out_cleanly(void **state)
+{
+    (void)state;
+    char *cg = cgroup_path, path[256], limit[128], dev[64];
     struct rxe_server s;
-    rxe_server_start(&s, ctx, addrs[1], NULL);
+    mw_ctx_t *ctx = cgroup_ctx_server("device objects", &s);
     mw_conn_t *conns[MAXPAIRS];
     mw_future_t *failed;
     assert_int_equal(connect_until_failure(ctx, &s, NULL, conns, 0, 1, &failed), 1);
@@ -277,15 +285,8 @@ static void cap_objects(const char *cg, const char *objects)
 static void device_open_failure_is_retried_in_place(void **state)
 {
     (void)state;
-    const char *why;
-    if (cgroup_enter(cgroup_path, sizeof cgroup_path, &why) < 0) {
-        printf("SKIP device open: %s\n", why);
-        skip();
-    }
-    mw_ctx_t *ctx;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     struct rxe_server s;
-    rxe_server_start(&s, ctx, addrs[1], NULL);
+    mw_ctx_t *ctx = cgroup_ctx_server("device open", &s);
     cap_objects(cgroup_path, "0");
     for (int i = 0; i < 3; i++) {
         mw_future_t *f = rxe_connect_future(ctx, addrs[1], s.port, NULL);
