@@ -1270,7 +1270,7 @@ MW_EXTERN mw_future_t *mw_alltoall(mw_comm_t *comm, const void *in, void *out, s
  * directory publishes is put again (a store that restarted empty has them
  * again within that pause) and watches read the store again: a peer that
  * joined meanwhile is reported then, one whose entry did not come back
- * within a lease is reported gone.
+ * within a lease (plus 2 s, a publisher's slowest retry) is reported gone.
  *
  * What a store can make meshwire do: entries are parsed strictly (at most
  * 8 KiB, every field checked); a malformed one is skipped by lists and
@@ -1448,8 +1448,9 @@ MW_EXTERN mw_future_t *mw_dir_list(mw_directory_t *d, const char *prefix);
 enum mw_dir_event {
     MW_DIR_JOINED = 1,        /**< an entry appeared or changed: @e */
     MW_DIR_LEFT,              /**< an entry is gone (removed, lease expired,
-                                   or not back within a lease after the
-                                   store returned): @e holds its last value */
+                                   or not back within a lease and 2 s
+                                   after the store returned): @e holds its
+                                   last value */
     MW_DIR_SYNCED,            /**< everything present was reported (after
                                    the watch began, and again each time the
                                    store came back); @e NULL */

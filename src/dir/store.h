@@ -41,6 +41,10 @@ struct mw__store {
 #define MW__STORE_VALUE_MAX 8192   /* longer values are never read */
 #define MW__STORE_SCAN_MAX 100000  /* entries one scan may return */
 #define MW__STORE_KEY_MAX 400      /* longer keys are not the directory's */
+/* A link that went down is tried again after 0.1 s, doubling up to 2 s:
+ * a store back after an outage is noticed within MW__STORE_RETRY_MAX_MS. */
+#define MW__STORE_RETRY_MIN_MS 100
+#define MW__STORE_RETRY_MAX_MS 2000
 
 enum mw__store_event { MW__STORE_SET = 1, MW__STORE_GONE };
 

@@ -1,6 +1,7 @@
 /* Watches: what is under a prefix now (JOINED each, then SYNCED), then
  * every change the store's events report; a resync after the store came
- * back reports as LEFT only what did not return within a lease.  The
+ * back reports as LEFT only what did not return within a lease (and the
+ * 2 s its publisher may take to notice the store back).  The
  * caller's function runs from the loop (on_drain).
  *
  * Events come on the store's event link while a sync reads on its request
@@ -267,8 +268,9 @@ static void on_watch_scan(void *arg, int err, const char *why, size_t n, const c
     mw__free(es);
     tell(w, MW_DIR_SYNCED, NULL);
     /* entries known from before the store went away and not found now are
-     * gone once they had a lease to come back in */
-    mw__ev_add_ms(w->d->ctx, w->sweep_ev, w->d->opts.lease_ms);
+     * gone once they had a lease to come back in, counted from when their
+     * publisher noticed the store back (its retry, at most 2 s later) */
+    mw__ev_add_ms(w->d->ctx, w->sweep_ev, w->d->opts.lease_ms + MW__STORE_RETRY_MAX_MS);
     sync_done(w);
     watch_unref(w);
 }

@@ -23,9 +23,6 @@
 #include "core/resolve.h"
 #include "dir/etcd/etcd.h"
 
-#define RETRY_MIN_MS 100
-#define RETRY_MAX_MS 2000
-
 struct ereq {
     struct mw__etcd *st;
     struct mw__list link;              /* in st->waiting */
@@ -50,7 +47,7 @@ static void link_retry_later(struct mw__etcd_link *l)
     if (l->st->closing)
         return;
     mw__ev_add_ms(l->st->ctx, l->retry_ev, l->retry_ms);
-    l->retry_ms = l->retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : l->retry_ms * 2;
+    l->retry_ms = l->retry_ms * 2 > MW__STORE_RETRY_MAX_MS ? MW__STORE_RETRY_MAX_MS : l->retry_ms * 2;
 }
 
 static void link_close_fd(struct mw__etcd_link *l)
@@ -95,7 +92,7 @@ void mw__etcd_link_up(struct mw__etcd_link *l)
 {
     l->up = true;
     event_del(l->retry_ev);
-    l->retry_ms = RETRY_MIN_MS;
+    l->retry_ms = MW__STORE_RETRY_MIN_MS;
 }
 
 static void want_write(struct mw__etcd_link *l, bool on)
@@ -478,7 +475,7 @@ int mw__etcd_link_init(struct mw__etcd *st, struct mw__etcd_link *l, bool events
                        void (*ready)(struct mw__etcd_link *l))
 {
     *l = (struct mw__etcd_link){.st = st, .events = events, .fd = -1, .ready = ready,
-                                .retry_ms = RETRY_MIN_MS, .resp.stream = events};
+                                .retry_ms = MW__STORE_RETRY_MIN_MS, .resp.stream = events};
     l->data = mw__etcd_events_data;
     l->out = evbuffer_new();
     l->in = evbuffer_new();

@@ -17,9 +17,6 @@
 #include "core/resolve.h"
 #include "dir/redis/redis.h"
 
-#define RETRY_MIN_MS 100
-#define RETRY_MAX_MS 2000
-
 /* The link's events on the context's base: hiredis's libevent adapter,
  * with two differences.  mw_ctx_fd's set knows the descriptor, so a caller
  * driving meshwire through mw_ctx_fd sees the store's traffic too.  And a
@@ -160,7 +157,7 @@ static void link_retry_later(struct mw__redis_link *l)
     if (l->st->closing)
         return;
     mw__ev_add_ms(l->st->ctx, l->retry_ev, l->retry_ms);
-    l->retry_ms = l->retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : l->retry_ms * 2;
+    l->retry_ms = l->retry_ms * 2 > MW__STORE_RETRY_MAX_MS ? MW__STORE_RETRY_MAX_MS : l->retry_ms * 2;
 }
 
 static void link_lost(struct mw__redis_link *l, const char *why)
@@ -236,7 +233,7 @@ void mw__redis_link_up(struct mw__redis_link *l)
 {
     l->up = true;
     event_del(l->retry_ev);
-    l->retry_ms = RETRY_MIN_MS;
+    l->retry_ms = MW__STORE_RETRY_MIN_MS;
 }
 
 /* The retry timer: connect again; or, at the timeout, give up what is
@@ -350,7 +347,7 @@ int mw__redis_link_init(struct mw__redis *st, struct mw__redis_link *l, bool eve
     l->st = st;
     l->events = events;
     l->ready = ready;
-    l->retry_ms = RETRY_MIN_MS;
+    l->retry_ms = MW__STORE_RETRY_MIN_MS;
     if (!(l->retry_ev = evtimer_new(st->ctx->base, on_retry, l)))
         return -ENOMEM;
     return 0;
