@@ -1,21 +1,36 @@
-/* The local queue pair (lqp.h): records over a unix socket, payloads moved
- * once by cross-memory attach, completions made here and dispatched as the
- * CQ's are.
+/* The local queue pair (lqp.h): records over a stream socket, payloads
+ * moved once -- by cross-memory attach on a same-host channel, in the
+ * stream itself on a stream channel -- completions made here and
+ * dispatched as the CQ's are.
  *
  * A record is a 32-byte header, in network byte order like every meshwire
- * wire format, then up to MW__LQP_INLINE_MAX payload bytes when INLINE:
+ * wire format, then its payload when INLINE (a same-host channel inlines
+ * up to MW__LQP_INLINE_MAX bytes, a stream channel every payload):
  *
  *   off size field
- *     0   1  type     SEND, WRITE, READ (requests); ACK, ERR (answers);
- *                     HELLO (the rendezvous, local.c: before the channel)
+ *     0   1  type     SEND, WRITE, READ (requests); ACK, ERR, DATA
+ *                     (answers); HELLO (the rendezvous, local.c: before
+ *                     the channel)
  *     1   1  flags    INLINE, IMM
  *     2   2  zero
  *     4   4  len      the request's bytes
  *     8   8  addr     the initiator's buffer (CMA), else 0
  *    16   8  arg      WRITE/READ: the target address; ACK: requests done so
- *                     far; ERR: the request that failed; HELLO: the nonce
+ *                     far; ERR: the request that failed; DATA: the read it
+ *                     answers; HELLO: the nonce
  *    24   4  rkey     WRITE/READ: the key; ERR: the ibv_wc_status
  *    28   4  imm      WRITE with IMM: the immediate, as posted
+ *
+ * A payload is taken as it arrives, straight to where it goes (the
+ * receive, the target memory, the read's buffer), so what a peer sends is
+ * never held whole.  On a stream channel a READ is answered by DATA, the
+ * target's bytes as they were when it executed the read; the target holds
+ * at most MW__LQP_STREAM_READS_MAX bytes of such answers not yet written,
+ * which is what an initiator may have in flight (a peer asking more is
+ * cut).  And nothing of the initiator's memory is ever in the peer's
+ * reach: what it sends is copied as it is posted, what a read brings is
+ * written by its own loop, which stops at the end; so a failure flushes at
+ * once, without the wait described below.
  *
  * Requests are numbered from 0 in each direction by both ends; an ACK says
  * how many the responder has executed, an ERR that one failed (those
@@ -51,7 +66,7 @@
 #include "core/cq.h"
 #include "core/list.h"
 
-enum { REC_SEND = 1, REC_WRITE, REC_READ, REC_ACK, REC_ERR, REC_HELLO };
+enum { REC_SEND = 1, REC_WRITE, REC_READ, REC_ACK, REC_ERR, REC_HELLO, REC_DATA };
 enum { REC_INLINE = 1, REC_IMM = 2 };
 #define REC_LEN 32
 #define READ_MAX (256u * 1024)        /* socket bytes read per wake-up */
@@ -66,15 +81,36 @@ struct rec {
 
 struct swr {                          /* a request posted, not yet answered */
     uint64_t wr_id;
+    uint8_t *buf;                     /* a read's, on a stream channel */
     uint32_t len;
     enum ibv_wc_opcode opcode;
     bool signaled;
+    bool stream_read;                 /* a read on a stream channel: its data */
+    bool got;                         /* came */
 };
 
 struct rwr {                          /* a receive posted */
     uint64_t wr_id;
     uint8_t *buf;
     uint32_t len;
+};
+
+/* The payload being taken from the socket: a request's (to execute once
+ * whole), or a read's DATA.  Where it goes is @dst; NULL drops it. */
+struct payload {
+    struct rec r;
+    uint8_t *dst;
+    uint32_t left;
+    enum ibv_wc_status st;            /* a request's, so far */
+    struct rwr rw;                    /* a message's receive */
+    bool active, request;
+};
+
+/* Read data queued on a stream channel, written once the bytes sent reach
+ * @end. */
+struct resp {
+    uint64_t end;
+    uint64_t cost;                    /* MW__LQP_STREAM_READ_COST */
 };
 
 /* A FIFO of fixed-size items, grown by doubling. */
@@ -90,11 +126,17 @@ struct mw__lqp {
     unsigned bound_ms;                /* a failure waits this long for the peer */
     int fd, pidfd;
     pid_t peer;
+    bool stream;                      /* payloads in the stream, never CMA */
+    struct payload pl;
     struct event *rev, *wev, *pev, *resume_ev, *bound_ev;
     struct evbuffer *in, *out;
     struct fifo sq, rq;               /* struct swr, struct rwr */
     uint64_t sq_done;                 /* our requests answered so far */
     uint64_t served, acked;           /* the peer's requests executed / acked */
+    /* stream channel: bytes of our reads unanswered; bytes ever queued
+     * out and written; the read data queued (struct resp) and its bytes */
+    uint64_t reads_out, out_added, out_sent, resp_bytes;
+    struct fifo resp;
     bool refusing;                    /* we answered ERR: execute nothing more */
     bool shut;                    /* our end is shut: nothing more is written */
     bool peer_shut;               /* its end is shut: nothing more executes,
@@ -104,6 +146,10 @@ struct mw__lqp {
     bool peer_refused;            /* it answered ERR: it executes nothing more */
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
+    bool lingering;               /* meanwhile, a stream channel's: the answers
+                                     it owes go out first (no longer than
+                                     bound_ms), what comes is dropped */
+    bool shut_when_written;       /* and its end shuts once they are out */
     bool draining;                /* meanwhile: completions wait in late */
     bool quiescing;               /* closing, waiting for the peer's end */
     enum ibv_wc_status flush_status;  /* of what is still posted at the end */
@@ -144,14 +190,6 @@ static void fifo_pop(struct fifo *f, void *item)
     f->n--;
 }
 
-/* Put back the item just popped, first again. */
-static void fifo_unpop(struct fifo *f, const void *item)
-{
-    f->head = (f->head - 1) & (f->cap - 1);
-    f->n++;
-    memcpy(fifo_at(f, 0), item, f->size);
-}
-
 static void rec_encode(const struct rec *r, uint8_t b[REC_LEN])
 {
     memset(b, 0, REC_LEN);
@@ -164,20 +202,24 @@ static void rec_encode(const struct rec *r, uint8_t b[REC_LEN])
     mw__put32(b + 28, r->imm);
 }
 
-static const char *rec_decode(const uint8_t b[REC_LEN], struct rec *r)
+/* Decode @b into @r; a payload inline may be up to @inline_max bytes. */
+static const char *rec_decode(const uint8_t b[REC_LEN], struct rec *r, uint32_t inline_max)
 {
     *r = (struct rec){.type = b[0], .flags = b[1], .len = mw__get32(b + 4),
                       .addr = mw__get64(b + 8), .arg = mw__get64(b + 16),
                       .rkey = mw__get32(b + 24), .imm = mw__get32(b + 28)};
-    if (r->type < REC_SEND || r->type > REC_HELLO)
+    if (r->type < REC_SEND || r->type > REC_DATA)
         return "unknown record type";
     if (b[2] || b[3] || r->flags & ~(REC_INLINE | REC_IMM))
         return "unknown record flags";
     if (r->flags & REC_IMM && r->type != REC_WRITE)
         return "immediate on a record other than a write";
-    if (r->flags & REC_INLINE && (r->type == REC_READ || r->type >= REC_ACK))
+    if (r->flags & REC_INLINE && (r->type == REC_READ || (r->type >= REC_ACK &&
+                                                          r->type != REC_DATA)))
         return "inline payload on a record that takes none";
-    if (r->flags & REC_INLINE && r->len > MW__LQP_INLINE_MAX)
+    if (r->type == REC_DATA && !(r->flags & REC_INLINE))
+        return "read data without its bytes";
+    if (r->flags & REC_INLINE && r->len > inline_max)
         return "inline payload too long";
     return NULL;
 }
@@ -185,6 +227,20 @@ static const char *rec_decode(const uint8_t b[REC_LEN], struct rec *r)
 /* --- writing -------------------------------------------------------------- */
 
 static void end_later(struct mw__lqp *q, int err, const char *why);
+static void shut_now(struct mw__lqp *q);
+static void close_fd(struct mw__lqp *q);
+
+/* @n bytes queued out were written (or dropped): the read data among them
+ * is no longer held. */
+static void out_gone(struct mw__lqp *q, size_t n)
+{
+    q->out_sent += n;
+    while (q->resp.n && ((struct resp *)fifo_at(&q->resp, 0))->end <= q->out_sent) {
+        struct resp r;
+        fifo_pop(&q->resp, &r);
+        q->resp_bytes -= r.cost;
+    }
+}
 
 /* Write what the socket takes; wait for room otherwise (the loop's write
  * event; the peer's next answer also brings us back here). */
@@ -200,11 +256,13 @@ static void flush_out(struct mw__lqp *q)
         if (w < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 q->peer_eof = true;   /* closed, not shut: it executes nothing more */
-                end_later(q, -ECONNRESET, "the peer's end of the same-host channel closed");
+                end_later(q, -ECONNRESET, q->stream ? "the peer's end of the stream channel closed"
+                                                    : "the peer's end of the same-host channel closed");
             }
             break;
         }
         evbuffer_drain(q->out, (size_t)w);
+        out_gone(q, (size_t)w);
     }
     bool want = q->fd >= 0 && !q->shut && !q->ended && evbuffer_get_length(q->out);
     if (want != q->want_out && q->wev) {
@@ -215,29 +273,51 @@ static void flush_out(struct mw__lqp *q)
             event_del(q->wev);
         mw__watch_fd_out(q->ctx, q->fd, want);
     }
+    if (q->shut_when_written && !evbuffer_get_length(q->out))
+        shut_now(q);
 }
 
 /* Shut our end for writing, after what the socket takes of what is
- * written (the rest is dropped: a record cut short is never executed).
- * The peer executes nothing of ours once it sees this. */
+ * written (the rest is dropped: a record cut short is never executed) --
+ * but a failed stream channel first writes all it owes (a read's data
+ * may be large).  The peer executes nothing of ours once it sees this. */
 static void shut_out(struct mw__lqp *q)
 {
     if (q->shut || q->fd < 0)
         return;
     flush_out(q);
-    q->shut = true;
-    flush_out(q);                 /* stops waiting for room */
-    evbuffer_drain(q->out, evbuffer_get_length(q->out));
-    shutdown(q->fd, SHUT_WR);
+    if (q->lingering && evbuffer_get_length(q->out) && !q->ended) {
+        q->shut_when_written = true;          /* flush_out shuts, once written */
+        return;
+    }
+    shut_now(q);
 }
 
+static void shut_now(struct mw__lqp *q)
+{
+    q->shut = true;
+    q->shut_when_written = false;
+    flush_out(q);                 /* stops waiting for room */
+    out_gone(q, evbuffer_get_length(q->out));
+    evbuffer_drain(q->out, evbuffer_get_length(q->out));
+    shutdown(q->fd, SHUT_WR);
+    if (q->lingering && q->peer_eof)
+        close_fd(q);
+}
+
+/* Queue record @r, and its payload when inline: whole, or nothing (the
+ * room is made first, so neither add can fail halfway). */
 static int add_rec(struct mw__lqp *q, const struct rec *r, const void *payload)
 {
     uint8_t b[REC_LEN];
     rec_encode(r, b);
-    if (evbuffer_add(q->out, b, REC_LEN) < 0 ||
-        (r->flags & REC_INLINE && r->len && evbuffer_add(q->out, payload, r->len) < 0))
+    size_t len = r->flags & REC_INLINE ? r->len : 0;
+    if (evbuffer_expand(q->out, REC_LEN + len) < 0)
         return -ENOMEM;
+    evbuffer_add(q->out, b, REC_LEN);
+    if (len)
+        evbuffer_add(q->out, payload, len);
+    q->out_added += REC_LEN + len;
     return 0;
 }
 
@@ -253,6 +333,15 @@ static void ack(struct mw__lqp *q)
 }
 
 /* --- completions ---------------------------------------------------------- */
+
+/* The oldest request posted, answered or flushed now. */
+static void pop_request(struct mw__lqp *q, struct swr *s)
+{
+    fifo_pop(&q->sq, s);
+    q->sq_done++;
+    if (s->stream_read)
+        q->reads_out -= MW__LQP_STREAM_READ_COST(s->len);
+}
 
 /* Completions go to their operations now, or, while the queue pair closes
  * (mw__lqp_error), from the loop with the flushes. */
@@ -292,11 +381,14 @@ static void flush_all(struct mw__task *t)
         mw__cq_dispatch(q->ctx, q->late + i, (int)k);
     }
     q->nlate = 0;
+    if (q->pl.active) {           /* the rest of a payload: dropped, executed never */
+        q->pl.dst = NULL;
+        q->pl.request = false;
+    }
     while (q->sq.n || q->rq.n) {
         if (q->sq.n) {
             struct swr s;
-            fifo_pop(&q->sq, &s);
-            q->sq_done++;
+            pop_request(q, &s);
             wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = q->flush_status,
                                       .opcode = s.opcode};
         } else {
@@ -310,8 +402,6 @@ static void flush_all(struct mw__task *t)
     }
     dispatch(q, wc, &n);
 }
-
-static void close_fd(struct mw__lqp *q);
 
 /* Closing: the peer will execute nothing more of ours (@confirmed: it
  * said so by its end, or its process is gone; else bound_ms passed). */
@@ -343,12 +433,16 @@ static const char *answered(struct mw__lqp *q, uint64_t upto, bool failed,
     if (failed && (status == IBV_WC_SUCCESS || status == IBV_WC_WR_FLUSH_ERR ||
                    status > IBV_WC_GENERAL_ERR))
         return "a failure without a failure status";
+    for (uint64_t i = 0; q->stream && i < upto - q->sq_done; i++) {
+        const struct swr *s = fifo_at(&q->sq, i);
+        if (s->opcode == IBV_WC_RDMA_READ && !s->got)
+            return "a read answered without its data";
+    }
     struct ibv_wc wc[BATCH];
     int n = 0;
     while (q->sq_done < upto) {
         struct swr s;
-        fifo_pop(&q->sq, &s);
-        q->sq_done++;
+        pop_request(q, &s);
         if (s.signaled)
             wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = IBV_WC_SUCCESS,
                                       .opcode = s.opcode, .byte_len = s.len};
@@ -357,8 +451,7 @@ static const char *answered(struct mw__lqp *q, uint64_t upto, bool failed,
     }
     if (failed) {
         struct swr s;
-        fifo_pop(&q->sq, &s);
-        q->sq_done++;
+        pop_request(q, &s);
         wc[n++] = (struct ibv_wc){.wr_id = s.wr_id, .status = status, .opcode = s.opcode};
         q->error = true;          /* as RC: nothing after it executes */
         q->peer_refused = true;
@@ -413,16 +506,6 @@ static enum ibv_wc_status cma(struct mw__lqp *q, void *local, uint64_t remote, u
     return IBV_WC_LOC_PROT_ERR;   /* the initiator's buffer is not there */
 }
 
-/* Payload of request @r into @dst: from the record, or from the peer. */
-static enum ibv_wc_status take_payload(struct mw__lqp *q, const struct rec *r, void *dst,
-                                       bool *gave_up)
-{
-    if (!(r->flags & REC_INLINE))
-        return r->len ? cma(q, dst, r->addr, r->len, true, gave_up) : IBV_WC_SUCCESS;
-    evbuffer_remove(q->in, dst, r->len);
-    return IBV_WC_SUCCESS;
-}
-
 /* A receive for a message or an immediate; false when none is posted:
  * the peer sent beyond the credits it was given. */
 static bool pop_recv(struct mw__lqp *q, struct rwr *out)
@@ -433,51 +516,139 @@ static bool pop_recv(struct mw__lqp *q, struct rwr *out)
     return true;
 }
 
-/* Execute one request; its payload, if inline, is in q->in.  Return a
- * protocol violation, or NULL (a failed access is answered, not fatal; a
- * request the peer no longer wants is dropped unanswered). */
-static const char *execute(struct mw__lqp *q, const struct rec *r, size_t *moved)
+/* Answer read @r, executed now, with its bytes at @mem (stream channel):
+ * the peer asked for no more than it may have in flight, or it is cut. */
+static const char *answer_read(struct mw__lqp *q, const struct rec *r, const void *mem)
 {
-    enum ibv_wc_status st = IBV_WC_SUCCESS;
-    struct rwr rw;
+    uint64_t cost = MW__LQP_STREAM_READ_COST(r->len);
+    if (q->resp_bytes + cost > MW__LQP_STREAM_READS_MAX)
+        return "reads beyond what the peer takes in";
+    struct rec d = {.type = REC_DATA, .flags = REC_INLINE, .len = r->len, .arg = q->served};
+    if (add_rec(q, &d, mem) < 0)
+        return "no memory for a read's data";
+    struct resp m = {.end = q->out_added, .cost = cost};
+    if (fifo_push(&q->resp, &m) < 0)
+        return "no memory for a read's data";
+    q->resp_bytes += cost;
+    return NULL;
+}
+
+/* Request @r is here (its inline payload, if any, follows in q->in):
+ * check it and set q->pl to take that payload where it goes.  Return a
+ * protocol violation, or NULL (a failed access is answered, not fatal). */
+static const char *begin(struct mw__lqp *q, const struct rec *r)
+{
+    struct payload *p = &q->pl;
+    *p = (struct payload){.r = *r, .left = r->flags & REC_INLINE ? r->len : 0, .active = true,
+                          .request = true};
+    if (r->type == REC_SEND) {
+        /* its receive stays posted until the message is whole: a flush
+         * meanwhile finds it there */
+        if (!q->rq.n)
+            return "a message with no receive posted (beyond its credits)";
+        p->rw = *(struct rwr *)fifo_at(&q->rq, 0);
+        if (r->len > p->rw.len)
+            p->st = IBV_WC_REM_INV_REQ_ERR;
+        else
+            p->dst = p->rw.buf;
+    } else if (r->len && q->ops->access(q->arg, r->rkey, r->arg, r->len) < 0) {
+        p->st = IBV_WC_REM_ACCESS_ERR;
+    } else if (r->type == REC_WRITE) {
+        p->dst = (uint8_t *)(uintptr_t)r->arg;
+    }
+    return NULL;
+}
+
+/* DATA @r answers one of our reads (stream channel): its bytes go to the
+ * read's buffer. */
+static const char *begin_data(struct mw__lqp *q, const struct rec *r)
+{
+    if (!q->stream)
+        return "read data on a channel that moves it by cross-memory attach";
+    if (r->arg < q->sq_done || r->arg - q->sq_done >= q->sq.n)
+        return "read data for requests never made";
+    struct swr *s = fifo_at(&q->sq, r->arg - q->sq_done);
+    if (s->opcode != IBV_WC_RDMA_READ || s->len != r->len || s->got)
+        return "read data that is not what its read asked";
+    s->got = true;
+    q->pl = (struct payload){.r = *r, .left = r->len, .active = true, .dst = s->buf};
+    return NULL;
+}
+
+/* A payload the peer sent that is not taken: its bytes are dropped. */
+static void begin_drop(struct mw__lqp *q, const struct rec *r)
+{
+    q->pl = (struct payload){.r = *r, .left = r->flags & REC_INLINE ? r->len : 0, .active = true};
+}
+
+/* Take what q->in holds of the current payload; true once it is whole. */
+static bool feed(struct mw__lqp *q, size_t *moved)
+{
+    struct payload *p = &q->pl;
+    size_t have = evbuffer_get_length(q->in), n = p->left < have ? p->left : have;
+    /* a write's target is checked as each part lands: the export may go
+     * while the rest is on its way */
+    if (p->dst && p->request && p->r.type == REC_WRITE && n &&
+        q->ops->access(q->arg, p->r.rkey, (uintptr_t)p->dst, n) < 0) {
+        p->st = IBV_WC_REM_ACCESS_ERR;
+        p->dst = NULL;
+    }
+    if (p->dst)
+        evbuffer_remove(q->in, p->dst, n), p->dst += n;
+    else
+        evbuffer_drain(q->in, n);
+    p->left -= (uint32_t)n;
+    *moved += n;
+    return !p->left;
+}
+
+/* The current request's payload is whole: execute the rest (a copy by
+ * CMA, a read's answer), answer it, deliver its receive.  Return a
+ * protocol violation, or NULL (a request the peer no longer wants is
+ * dropped unanswered). */
+static const char *finish(struct mw__lqp *q, size_t *moved)
+{
+    struct payload *p = &q->pl;
+    const struct rec *r = &p->r;
+    enum ibv_wc_status st = p->st;
     struct ibv_wc wc = {0};
     bool deliver = false, gave_up = false;
+    p->active = false;
+    if (!p->request)
+        return NULL;
+    void *mem = (void *)(uintptr_t)r->arg;
+    if (st == IBV_WC_SUCCESS && r->type == REC_READ && q->stream) {
+        const char *bad = answer_read(q, r, mem);     /* (of 0 bytes too) */
+        if (bad)
+            return bad;
+        *moved += r->len;
+    } else if (st == IBV_WC_SUCCESS && r->len && !(r->flags & REC_INLINE)) {
+        bool from_peer = r->type != REC_READ;
+        st = cma(q, from_peer ? (void *)p->dst : mem, r->addr, r->len, from_peer, &gave_up);
+        *moved += r->len;
+    }
     if (r->type == REC_SEND) {
-        if (!pop_recv(q, &rw))
-            return "a message with no receive posted (beyond its credits)";
-        if (r->len > rw.len) {
-            st = IBV_WC_REM_INV_REQ_ERR;
-            wc = (struct ibv_wc){.wr_id = rw.wr_id, .status = IBV_WC_LOC_LEN_ERR,
+        struct rwr used;
+        if (st == IBV_WC_REM_INV_REQ_ERR) {       /* too long for its receive */
+            wc = (struct ibv_wc){.wr_id = p->rw.wr_id, .status = IBV_WC_LOC_LEN_ERR,
                                  .opcode = IBV_WC_RECV};
             deliver = true;
-        } else if ((st = take_payload(q, r, rw.buf, &gave_up)) == IBV_WC_SUCCESS) {
-            wc = (struct ibv_wc){.wr_id = rw.wr_id, .opcode = IBV_WC_RECV, .byte_len = r->len};
+        } else if (st == IBV_WC_SUCCESS) {
+            wc = (struct ibv_wc){.wr_id = p->rw.wr_id, .opcode = IBV_WC_RECV, .byte_len = r->len};
             deliver = true;
-        } else {
-            fifo_unpop(&q->rq, &rw);  /* unused: it stays posted, first */
-        }
-    } else {
-        bool write = r->type == REC_WRITE;
-        void *mem = (void *)(uintptr_t)r->arg;
-        if (r->len && q->ops->access(q->arg, r->rkey, r->arg, r->len) < 0)
-            st = IBV_WC_REM_ACCESS_ERR;
-        else if (write)
-            st = take_payload(q, r, mem, &gave_up);
-        else
-            st = r->len ? cma(q, mem, r->addr, r->len, false, &gave_up) : IBV_WC_SUCCESS;
-        if (st == IBV_WC_SUCCESS && r->flags & REC_IMM) {
-            if (!pop_recv(q, &rw))
-                return "an immediate with no receive posted (beyond its credits)";
-            wc = (struct ibv_wc){.wr_id = rw.wr_id, .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
-                                 .byte_len = r->len, .imm_data = r->imm, .wc_flags = IBV_WC_WITH_IMM};
-            deliver = true;
-        }
+        }                                 /* (else unused: it stays posted, first) */
+        if (deliver)
+            fifo_pop(&q->rq, &used);
+    } else if (st == IBV_WC_SUCCESS && r->flags & REC_IMM) {
+        struct rwr rw;
+        if (!pop_recv(q, &rw))
+            return "an immediate with no receive posted (beyond its credits)";
+        wc = (struct ibv_wc){.wr_id = rw.wr_id, .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
+                             .byte_len = r->len, .imm_data = r->imm, .wc_flags = IBV_WC_WITH_IMM};
+        deliver = true;
     }
-    if (r->flags & REC_INLINE && st != IBV_WC_SUCCESS)
-        evbuffer_drain(q->in, r->len);        /* not taken */
     if (gave_up)
         return NULL;
-    *moved += r->len;
     if (st != IBV_WC_SUCCESS) {
         struct rec e = {.type = REC_ERR, .arg = q->served, .rkey = st};
         q->refusing = true;
@@ -504,7 +675,9 @@ static void ended(struct mw__lqp *q, int err, const char *why)
         event_del(q->wev);
     /* nothing more is read or written here: a socket at its end stays
      * readable, which would keep mw_ctx_fd() readable for ever */
-    if (q->fd >= 0) {
+    if (q->lingering)             /* nothing more goes out either */
+        close_fd(q);
+    else if (q->fd >= 0) {
         q->want_out = false;
         mw__unwatch_fd(q->ctx, q->fd);
     }
@@ -550,29 +723,47 @@ static int take_records(struct mw__lqp *q)
 {
     size_t moved = 0;
     while (!q->ended) {
+        const char *bad = NULL;
+        if (q->pl.active) {       /* a payload, to take before any record */
+            if (!feed(q, &moved))
+                break;            /* the rest when it comes */
+            if ((bad = finish(q, &moved))) {
+                ended(q, -EPROTO, bad);
+                return 0;
+            }
+            continue;
+        }
         uint8_t b[REC_LEN];
         struct rec r;
         if (evbuffer_copyout(q->in, b, REC_LEN) < REC_LEN)
             break;
-        const char *bad = rec_decode(b, &r);
+        bad = rec_decode(b, &r, q->stream ? UINT32_MAX : MW__LQP_INLINE_MAX);
         if (!bad && r.type == REC_HELLO)
             bad = "a greeting inside the channel";
         if (bad) {
             ended(q, -EPROTO, bad);
             return 0;
         }
+        if (q->stream && (r.type == REC_SEND || r.type == REC_WRITE) &&
+            !(r.flags & REC_INLINE) && r.len) {
+            ended(q, -EPROTO, "a payload left out of a stream channel");
+            return 0;
+        }
+        /* a same-host channel's payloads are small: taken whole */
         size_t inl = r.flags & REC_INLINE ? r.len : 0;
-        if (evbuffer_get_length(q->in) < REC_LEN + inl)
+        if (!q->stream && evbuffer_get_length(q->in) < REC_LEN + inl)
             break;
         if (!q->draining && (moved >= TURN_BYTES || !mw__turn_may(q->ctx)))
             return 1;
         evbuffer_drain(q->in, REC_LEN);
         if (r.type == REC_ACK || r.type == REC_ERR)
             bad = answered(q, r.arg, r.type == REC_ERR, (enum ibv_wc_status)r.rkey);
+        else if (r.type == REC_DATA)
+            bad = begin_data(q, &r);
         else if (!may_execute(q))
-            evbuffer_drain(q->in, inl);   /* executed never */
+            begin_drop(q, &r);    /* executed never */
         else
-            bad = execute(q, &r, &moved);
+            bad = begin(q, &r);
         if (bad) {
             ended(q, -EPROTO, bad);
             return 0;
@@ -609,9 +800,31 @@ static void at_end(struct mw__lqp *q, bool broken, const char *why)
         quiesced(q, true);
         return;
     }
-    ended(q, -ECONNRESET, why ? why : broken ? "the same-host channel failed"
-                                             : "the peer closed the same-host channel (its "
-                                               "process closed the connection, or ended)");
+    char how[96];
+    if (!why)
+        snprintf(how, sizeof how, broken ? "the %s channel failed"
+                                         : "the peer closed the %s channel (its process closed "
+                                           "the connection, or ended)",
+                 q->stream ? "stream" : "same-host");
+    ended(q, -ECONNRESET, why ? why : how);
+}
+
+/* A lingering channel drops what comes, and closes once both ends are
+ * shut: ours after all it owes is written, the peer's read to its end
+ * (closing with bytes unread would reset the connection, losing what we
+ * still write). */
+static void linger_read(struct mw__lqp *q)
+{
+    ssize_t n;
+    while ((n = read_some(q, READ_MAX)) > 0)
+        evbuffer_drain(q->in, evbuffer_get_length(q->in));
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        q->peer_eof = true;
+        if (q->shut)
+            close_fd(q);
+        else
+            event_del(q->rev);    /* (readable for ever now) the rest goes out first */
+    }
 }
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)
@@ -620,6 +833,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     struct mw__lqp *q = arg;
     if (what & EV_WRITE) {
         flush_out(q);
+        return;
+    }
+    if (q->lingering) {
+        linger_read(q);
         return;
     }
     if (what & EV_CLOSED)         /* before executing what it sent */
@@ -659,7 +876,11 @@ static void on_peer_exit(evutil_socket_t fd, short what, void *arg)
 static void on_bound(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
-    quiesced(arg, false);
+    struct mw__lqp *q = arg;
+    if (q->lingering)             /* the peer took not all we owed it: so be it */
+        close_fd(q);
+    else
+        quiesced(q, false);
 }
 
 /* Read and take everything the socket holds now, and answer it. */
@@ -692,6 +913,7 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, unsigne
     *q = (struct mw__lqp){.ctx = ctx, .ops = ops, .arg = arg, .bound_ms = bound_ms, .fd = -1,
                           .pidfd = -1, .flush_status = IBV_WC_WR_FLUSH_ERR,
                           .sq = {.size = sizeof(struct swr)}, .rq = {.size = sizeof(struct rwr)},
+                          .resp = {.size = sizeof(struct resp)},
                           .flush_task = {.fn = flush_all}, .end_task = {.fn = on_end_later}};
     if (!(q->in = evbuffer_new()) || !(q->out = evbuffer_new()) ||
         !(q->resume_ev = evtimer_new(ctx->base, on_resume, q)) ||
@@ -701,6 +923,16 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, unsigne
     }
     *qp = q;
     return 0;
+}
+
+int mw__lqp_attach_stream(struct mw__lqp *q, int fd, const uint8_t *first)
+{
+    if (q->sq.n || evbuffer_get_length(q->out)) {   /* posted in the same-host form */
+        close(fd);
+        return -EINVAL;
+    }
+    q->stream = true;
+    return mw__lqp_attach(q, fd, 0, -1, first);
 }
 
 int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8_t *first)
@@ -727,6 +959,7 @@ int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8
     q->peer = peer;
     if (first && evbuffer_prepend(q->out, first, REC_LEN) < 0)
         return -ENOMEM;           /* before anything posted */
+    q->out_added += first ? REC_LEN : 0;
     mw__ev_add(q->ctx, q->rev, NULL);
     if (q->pev)
         mw__ev_add(q->ctx, q->pev, NULL);
@@ -750,7 +983,7 @@ int mw__lqp_read_hello(int fd, uint8_t buf[32], size_t *got, uint64_t *nonce, ui
         *got += (size_t)n;
     }
     struct rec r;
-    if (rec_decode(buf, &r) || r.type != REC_HELLO || r.flags || r.len || r.rkey || r.imm ||
+    if (rec_decode(buf, &r, 0) || r.type != REC_HELLO || r.flags || r.len || r.rkey || r.imm ||
         !r.arg || !r.addr)
         return -EPROTO;
     *nonce = r.arg;
@@ -775,7 +1008,7 @@ static int post_one(struct mw__lqp *q, const struct ibv_send_wr *wr)
     uint32_t len = wr->num_sge ? wr->sg_list[0].length : 0;
     struct rec r = {.type = op == IBV_WR_SEND ? REC_SEND : op == IBV_WR_RDMA_READ ? REC_READ
                                                                                    : REC_WRITE,
-                    .len = len, .addr = (uintptr_t)buf};
+                    .len = len, .addr = q->stream ? 0 : (uintptr_t)buf};
     if (op != IBV_WR_SEND) {
         r.arg = wr->wr.rdma.remote_addr;
         r.rkey = wr->wr.rdma.rkey;
@@ -784,16 +1017,25 @@ static int post_one(struct mw__lqp *q, const struct ibv_send_wr *wr)
         r.flags |= REC_IMM;
         r.imm = wr->imm_data;
     }
-    if (op != IBV_WR_RDMA_READ && len <= MW__LQP_INLINE_MAX) {
+    if (op != IBV_WR_RDMA_READ && (q->stream || len <= MW__LQP_INLINE_MAX)) {
         r.flags |= REC_INLINE;
         r.addr = 0;
     }
+    bool stream_read = q->stream && op == IBV_WR_RDMA_READ;
+    uint64_t cost = stream_read ? MW__LQP_STREAM_READ_COST(len) : 0;
+    if (cost > MW__LQP_STREAM_READS_MAX)
+        return EINVAL;            /* never: larger than every read in flight */
+    if (cost > MW__LQP_STREAM_READS_MAX - q->reads_out)
+        return ENOMEM;            /* as a full queue: again once reads complete */
     struct swr s = {.wr_id = wr->wr_id, .len = len, .opcode = wc_opcode(op),
-                    .signaled = wr->send_flags & IBV_SEND_SIGNALED};
+                    .signaled = wr->send_flags & IBV_SEND_SIGNALED,
+                    .buf = (uint8_t *)buf, .stream_read = stream_read};
     if (fifo_push(&q->sq, &s) < 0)
         return ENOMEM;
-    if (q->error || q->shut || add_rec(q, &r, buf) == 0)
+    if (q->error || q->shut || add_rec(q, &r, buf) == 0) {
+        q->reads_out += cost;
         return 0;
+    }
     q->sq.n--;                    /* not sent: not posted */
     return ENOMEM;
 }
@@ -837,6 +1079,10 @@ int mw__lqp_post_recv(struct mw__lqp *q, struct ibv_recv_wr *wr, struct ibv_recv
 
 static void close_fd(struct mw__lqp *q)
 {
+    if (q->lingering) {
+        q->lingering = false;
+        event_del(q->bound_ev);
+    }
     if (q->pidfd >= 0) {
         mw__unwatch_fd(q->ctx, q->pidfd);
         if (q->pev)
@@ -871,12 +1117,14 @@ void mw__lqp_error(struct mw__lqp *q)
         return;
     }
     q->closing = true;
+    q->lingering = q->stream && q->fd >= 0 && !q->ended;
     if (q->fd >= 0 && !q->ended && !q->peer_shut) {
         q->draining = true;
         drain_socket(q);
     }
     shut_out(q);
-    if (q->fd >= 0 && q->sq.n && !q->peer_eof && !q->peer_refused) {
+    /* (a stream channel's peer never reaches our memory: nothing to wait for) */
+    if (q->fd >= 0 && q->sq.n && !q->peer_eof && !q->peer_refused && !q->stream) {
         q->quiescing = true;
         struct timeval tv = {q->bound_ms / 1000, (q->bound_ms % 1000) * 1000};
         mw__ev_add(q->ctx, q->bound_ev, &tv);
@@ -884,7 +1132,13 @@ void mw__lqp_error(struct mw__lqp *q)
             quiesced(q, false);
         return;
     }
-    close_fd(q);
+    if (q->lingering && q->fd >= 0) {
+        struct timeval tv = {q->bound_ms / 1000, (q->bound_ms % 1000) * 1000};
+        mw__ev_add(q->ctx, q->bound_ev, &tv);
+        linger_read(q);           /* (the peer may be gone already) */
+    } else {
+        close_fd(q);
+    }
     mw__defer(q->ctx, &q->flush_task);
 }
 
@@ -939,6 +1193,7 @@ void mw__lqp_free(struct mw__lqp *q)
         evbuffer_free(q->out);
     mw__free(q->sq.v);
     mw__free(q->rq.v);
+    mw__free(q->resp.v);
     mw__free(q->late);
     mw__free(q);
 }

@@ -1,5 +1,6 @@
 /* A local queue pair: what a connection between two processes of one host
- * uses instead of its RC queue pair.  It takes the same work requests
+ * uses instead of its RC queue pair (and, attached to a TCP socket as a
+ * stream channel, what a connection without RDMA runs on).  It takes the same work requests
  * (ibv_send_wr, ibv_recv_wr) and gives the same completions, through the
  * context's dispatch, so everything above it -- fragments, credits, the
  * issue order, cancels, the keepalive -- is the code the device path runs.
@@ -52,6 +53,13 @@ struct mw__lqp_ops {
 /* Payloads up to this ride in the record; larger ones move by CMA. */
 #define MW__LQP_INLINE_MAX 4096u
 
+/* A stream channel's reads in flight, each costing its length and 4 KiB
+ * (which bounds their number too): an initiator posts no more (ENOMEM, as
+ * a full queue; EINVAL for one read above it all), a target holds no more
+ * of their data unwritten (a peer that asks more is cut, -EPROTO). */
+#define MW__LQP_STREAM_READS_MAX (64ull << 20)
+#define MW__LQP_STREAM_READ_COST(len) ((uint64_t)(len) + 4096)
+
 /* The status of a request flushed at the bound without the peer's word that
  * it executes nothing more (mw__wc_errno: -EBUSY). */
 #define MW__LQP_WC_UNCONFIRMED IBV_WC_RESP_TIMEOUT_ERR
@@ -69,6 +77,13 @@ int mw__lqp_new(mw_ctx_t *ctx, const struct mw__lqp_ops *ops, void *arg, unsigne
  * NULL, is a 32-byte record written before anything posted.  0, or
  * -ECANCELED (the queue pair failed before), -ENOMEM. */
 int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8_t *first);
+
+/* mw__lqp_attach_stream() - carry @q over connected stream socket @fd
+ * (TCP) to a peer anywhere: every payload moves in the stream, a read's
+ * data comes back in it, and the peer never reaches this process's memory
+ * but through its requests, executed here against ops->access.  @fd is
+ * taken, as by mw__lqp_attach.  Before anything is posted (else -EINVAL). */
+int mw__lqp_attach_stream(struct mw__lqp *q, int fd, const uint8_t *first);
 
 /* The rendezvous's records (local.c): mw__lqp_hello() encodes a HELLO
  * naming @nonce, and @probe, where the sender keeps the nonce for the peer

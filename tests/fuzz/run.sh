@@ -4,7 +4,8 @@
 #   run.sh SOURCE_ROOT TARGET SECONDS     (meson's suite 'fuzz')
 #   TARGET: wire (src/cm/wire.c), names (apps/meshcat/names.c), dir
 #   (src/dir/entry.c, with src/cm/nic.c's address rules) or etcd (what an
-#   etcd store answers: src/dir/etcd/resp.c and json.c)
+#   etcd store answers: src/dir/etcd/resp.c and json.c) or lqp (what a
+#   stream channel's peer sends: src/cm/lqp.c)
 set -euo pipefail
 root=$1 target=$2 secs=$3
 case $target in
@@ -12,6 +13,7 @@ case $target in
     names) srcs=("$root/apps/meshcat/names.c") ;;
     dir) srcs=("$root/src/dir/entry.c" "$root/src/cm/nic.c" -libverbs -lrdmacm) ;;
     etcd) srcs=("$root/src/dir/etcd/resp.c" "$root/src/dir/etcd/json.c" -levent_core -ljson-c) ;;
+    lqp) srcs=("$root/src/cm/lqp.c" -levent_core) ;;
     *) echo "unknown fuzz target $target" >&2; exit 2 ;;
 esac
 command -v clang >/dev/null || { echo "SKIP: clang not installed (scripts/setup installs it)"; exit 77; }

@@ -18,6 +18,9 @@
 #include <string.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -102,14 +105,57 @@ static void join(struct end *a, struct end *b)
     }
 }
 
-static int setup(void **state)
+/* Ends @a and @b joined over TCP on 127.0.0.1, as stream channels: what
+ * a connection without RDMA runs on. */
+static void join_tcp(struct end *a, struct end *b)
+{
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &sl), 0);
+    int fd[2] = {socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), -1};
+    assert_int_equal(connect(fd[0], (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_true((fd[1] = accept4(l, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0);
+    close(l);
+    assert_int_equal(fcntl(fd[0], F_SETFL, O_NONBLOCK), 0);
+    struct end *e[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
+        assert_int_equal(mw_ctx_new(&e[i]->ctx, NULL, NULL), 0);
+        assert_int_equal(mw__lqp_new(e[i]->ctx, &ops, e[i], BOUND_MS, &e[i]->q), 0);
+        assert_int_equal(mw__lqp_attach_stream(e[i]->q, fd[i], NULL), 0);
+        assert_int_equal(mw__lqp_peer(e[i]->q), 0);
+    }
+}
+
+static int setup_with(void **state, bool stream, size_t memlen)
 {
     struct fx *f = calloc(1, sizeof *f);
-    join(&f->a, &f->b);
-    f->b.memlen = 1 << 20;
+    if (stream)
+        join_tcp(&f->a, &f->b);
+    else
+        join(&f->a, &f->b);
+    f->b.memlen = memlen;
     f->b.mem = calloc(1, f->b.memlen);
     *state = f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, false, 1 << 20);
+}
+
+static int setup_stream(void **state)
+{
+    return setup_with(state, true, 1 << 20);
+}
+
+static int setup_stream_big(void **state)
+{
+    return setup_with(state, true, 64u << 20);
 }
 
 static void end_free(struct end *e)
@@ -338,6 +384,8 @@ static void hostile_records_end_the_channel(void **state)
         {"a failure without a failure status", {5}},
         {"a greeting inside the channel", {6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                            0, 0, 0, 0, 0, 1}},
+        {"read data without its bytes", {7}},
+        {"read data on a channel that moves it by cross-memory attach", {7, 1}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         struct fx f = {0};
@@ -576,6 +624,339 @@ static void an_ended_channel_leaves_mw_ctx_fd_quiet(void **state)
     assert_int_equal(poll(&p, 1, 50), 0);   /* nothing left to do: quiet */
 }
 
+/* --- stream channels (TCP) -------------------------------------------------- */
+
+/* Post a read on @e, returning what the post said. */
+static int try_read(struct fx *f, struct end *e, void *buf, uint32_t len, uint64_t remote)
+{
+    struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = len};
+    struct ibv_send_wr wr = {.wr_id = wr_id(f, e), .sg_list = &sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
+                             .wr.rdma = {remote, 7}}, *bad = NULL;
+    int rc = mw__lqp_post_send(e->q, &wr, &bad);
+    assert_ptr_equal(bad, rc ? &wr : NULL);
+    return rc;                    /* (a refused one's record goes with the context) */
+}
+
+/* Large payloads over TCP arrive exact, taken as they come: 64 MiB
+ * written in four 16 MiB writes, the last with immediate, then read back
+ * in four reads.  Reads in flight are bounded (MW__LQP_STREAM_READS_MAX,
+ * each costing its length and 4 KiB): the fourth is refused as a full
+ * queue would be (ENOMEM) and taken once one completed; one read larger
+ * than the bound is refused for good (EINVAL). */
+static void stream_moves_64_mib_exact(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t part = 16u << 20;
+    uint8_t *src = malloc(f->b.memlen), *back = malloc(f->b.memlen);
+    static uint8_t slot[64];
+    fill(src, f->b.memlen, 11);
+    memset(back, 0, f->b.memlen);
+    post_recv(f, &f->b, slot, sizeof slot);
+    for (uint32_t i = 0; i < 4; i++)
+        post(f, &f->a, i == 3 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE, src + i * part,
+             part, (uintptr_t)f->b.mem + i * part, 7, true);
+    run_until_ms(f, &f->a, 4, 30000);
+    assert_int_equal(f->a.nwc, 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(f->a.wc[i].status, IBV_WC_SUCCESS);
+    assert_int_equal(f->b.nwc, 1);
+    assert_int_equal(f->b.wc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+    assert_int_equal(f->b.wc[0].byte_len, part);
+    assert_memory_equal(f->b.mem, src, f->b.memlen);
+    assert_int_equal(try_read(f, &f->a, back, 64u << 20, (uintptr_t)f->b.mem), EINVAL);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(try_read(f, &f->a, back + i * part, part, (uintptr_t)f->b.mem + i * part),
+                         0);
+    assert_int_equal(try_read(f, &f->a, back + 3 * part, part, (uintptr_t)f->b.mem + 3 * part),
+                     ENOMEM);
+    run_until_ms(f, &f->a, 5, 30000);
+    assert_int_equal(try_read(f, &f->a, back + 3 * part, part, (uintptr_t)f->b.mem + 3 * part),
+                     0);                      /* room again */
+    run_until_ms(f, &f->a, 8, 30000);
+    assert_int_equal(f->a.nwc, 8);
+    for (int i = 4; i < 8; i++) {
+        assert_int_equal(f->a.wc[i].status, IBV_WC_SUCCESS);
+        assert_int_equal(f->a.wc[i].opcode, IBV_WC_RDMA_READ);
+    }
+    assert_memory_equal(back, src, f->b.memlen);
+    free(src);
+    free(back);
+}
+
+/* A read of nothing is answered (with nothing), as on a device. */
+static void stream_zero_length_read(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[1];
+    assert_int_equal(try_read(f, &f->a, dst, 0, (uintptr_t)f->b.mem), 0);
+    run_until(f, &f->a, 1);
+    assert_int_equal(f->a.nwc, 1);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(f->a.ended_err, 0);
+}
+
+/* On a stream channel the peer never reaches our memory, so a failure
+ * flushes at once, with b outside its loop: there is nothing to wait for.
+ * a reuses its buffers; b, when it runs again, sees a's end first and
+ * executes nothing; a's read buffer keeps what a put there. */
+static void stream_failure_flushes_at_once(void **state)
+{
+    struct fx *f = *state;
+    static uint8_t dst[65536], src[65536];
+    memset(f->b.mem, 0x55, f->b.memlen);
+    memset(src, 0x66, sizeof src);
+    f->b.frozen = true;
+    post(f, &f->a, IBV_WR_RDMA_READ, dst, sizeof dst, (uintptr_t)f->b.mem, 7, true);
+    post(f, &f->a, IBV_WR_RDMA_WRITE, src, sizeof src, (uintptr_t)f->b.mem, 7, true);
+    spin(f, 5);
+    mw__lqp_error(f->a.q);
+    assert_false(mw__lqp_quiescing(f->a.q));
+    run_until_ms(f, &f->a, 2, BOUND_MS / 2);
+    assert_int_equal(f->a.nwc, 2);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    assert_int_equal(f->a.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    memset(dst, 0xdd, sizeof dst);
+    f->b.frozen = false;
+    spin(f, 50);
+    for (size_t i = 0; i < sizeof dst; i++)
+        assert_int_equal(dst[i], 0xdd);
+    for (size_t i = 0; i < f->b.memlen; i++)
+        assert_int_equal(f->b.mem[i], 0x55);
+    assert_int_equal(f->b.nwc, 0);
+    assert_int_equal(f->b.ended_err, -ECONNRESET);
+}
+
+/* A raw peer on a stream channel whose end b has @memlen bytes exported
+ * and @reads 8-byte reads out (request 0 on): what the peer writes is @n
+ * bytes of @raw, then what the test writes on *@peer. */
+static uint8_t raw_dst[2][8];
+
+static void stream_raw(struct fx *f, size_t memlen, const void *raw, size_t n, int *peer,
+                       int reads)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    f->b.memlen = memlen;
+    f->b.mem = calloc(1, memlen);
+    assert_int_equal(mw_ctx_new(&f->b.ctx, NULL, NULL), 0);
+    assert_int_equal(mw__lqp_new(f->b.ctx, &ops, &f->b, BOUND_MS, &f->b.q), 0);
+    assert_int_equal(mw__lqp_attach_stream(f->b.q, sv[1], NULL), 0);
+    f->a.frozen = true;           /* no end there: raw bytes */
+    for (int i = 0; i < reads; i++)
+        post(f, &f->b, IBV_WR_RDMA_READ, raw_dst[i], 8, 0x1000, 9, true);
+    if (n)
+        assert_int_equal(write(sv[0], raw, n), (ssize_t)n);
+    *peer = sv[0];
+}
+
+static void stream_raw_done(struct fx *f, int peer)
+{
+    end_free(&f->b);
+    free(f->b.mem);
+    close(peer);
+}
+
+/* What a hostile peer can send on a stream channel: answers that do not
+ * match what was asked end it -EPROTO, naming the violation; and reads
+ * of exported memory that it does not take in are held up to
+ * MW__LQP_STREAM_READS_MAX, then it is cut. */
+static void stream_hostile_records_end_the_channel(void **state)
+{
+    (void)state;
+    struct {
+        const char *what;
+        uint8_t rec[32];
+    } cases[] = {
+        {"read data for requests never made", {7, 1, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0,
+                                               0, 0, 0, 0, 0, 0, 0, 1}},
+        {"read data that is not what its read asked", {7, 1, 0, 0, 0, 0, 0, 9}},
+        {"a read answered without its data", {4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              0, 0, 0, 0, 0, 0, 0, 1}},
+        {"a payload left out of a stream channel", {1, 0, 0, 0, 0, 0, 0, 8}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct fx f = {0};
+        int peer;
+        stream_raw(&f, 4096, cases[k].rec, 32, &peer, 1);
+        run_until(&f, &f.b, 1);
+        printf("%s: %s\n", cases[k].what, f.b.ended_why);
+        assert_int_equal(f.b.ended_err, -EPROTO);
+        assert_string_equal(f.b.ended_why, cases[k].what);
+        stream_raw_done(&f, peer);
+    }
+    /* two 40 MiB reads of a 48 MiB export, never taken in: the first is
+     * answered (its data held), the second would hold 80 MiB: cut */
+    struct fx f = {0};
+    uint8_t rd[2][32];
+    int peer;
+    for (int i = 0; i < 2; i++) {
+        memset(rd[i], 0, 32);
+        rd[i][0] = 3;             /* READ */
+        rd[i][4] = 0x02, rd[i][5] = 0x80;                    /* len 40 MiB */
+        rd[i][27] = 7;            /* rkey */
+    }
+    stream_raw(&f, 48u << 20, NULL, 0, &peer, 1);
+    for (int i = 0; i < 2; i++) {
+        uint64_t at = (uintptr_t)f.b.mem;
+        for (int j = 0; j < 8; j++)
+            rd[i][16 + j] = (uint8_t)(at >> (56 - 8 * j));
+        assert_int_equal(write(peer, rd[i], 32), 32);
+    }
+    run_until(&f, &f.b, 1);
+    printf("two reads never taken in: %s\n", f.b.ended_why);
+    assert_int_equal(f.b.ended_err, -EPROTO);
+    assert_string_equal(f.b.ended_why, "reads beyond what the peer takes in");
+    stream_raw_done(&f, peer);
+}
+
+/* Encode a raw record: @type, @flags, @len, @arg, @rkey. */
+static void raw_rec(uint8_t b[32], uint8_t type, uint8_t flags, uint32_t len, uint64_t arg,
+                    uint32_t rkey)
+{
+    memset(b, 0, 32);
+    b[0] = type;
+    b[1] = flags;
+    for (int i = 0; i < 4; i++)
+        b[4 + i] = (uint8_t)(len >> (24 - 8 * i)), b[24 + i] = (uint8_t)(rkey >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        b[16 + i] = (uint8_t)(arg >> (56 - 8 * i));
+}
+
+/* A failed stream channel still writes every answer it owes, however
+ * large: b reads 16 MiB of a's export then sends a message; a fails before
+ * its loop ran: it executes both as it closes (a device would have), and
+ * b's read brings the bytes and its message completes. */
+static void stream_failing_end_writes_what_it_owes(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t len = 16u << 20;
+    f->a.memlen = len;
+    f->a.mem = malloc(len);
+    fill(f->a.mem, len, 21);
+    uint8_t *back = calloc(1, len);
+    static uint8_t slot[64], msg[16];
+    post_recv(f, &f->a, slot, sizeof slot);
+    post(f, &f->b, IBV_WR_RDMA_READ, back, len, (uintptr_t)f->a.mem, 7, true);
+    post(f, &f->b, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);
+    mw__lqp_error(f->a.q);
+    run_until_ms(f, &f->b, 2, 10000);
+    assert_int_equal(f->b.nwc, 2);
+    assert_int_equal(f->b.wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(f->b.wc[1].status, IBV_WC_SUCCESS);
+    assert_memory_equal(back, f->a.mem, len);
+    run_until(f, &f->a, 1);
+    assert_int_equal(f->a.wc[0].status, IBV_WC_SUCCESS);    /* the message it took */
+    for (int i = 0; i < 50 && !f->b.ended_err; i++)
+        spin(f, 1);
+    assert_int_equal(f->b.ended_err, -ECONNRESET);
+    free(f->a.mem);
+    f->a.mem = NULL;
+    free(back);
+}
+
+/* A write arriving in parts is checked as each part lands: the export
+ * going meanwhile stops it there, and it fails REM_ACCESS_ERR. */
+static void stream_write_stops_where_its_export_goes(void **state)
+{
+    (void)state;
+    struct fx f = {0};
+    int peer;
+    stream_raw(&f, 8192, NULL, 0, &peer, 0);
+    uint8_t h[32], part[8192];
+    memset(part, 0x77, sizeof part);
+    raw_rec(h, 2, 1, 8192, (uintptr_t)f.b.mem, 7);          /* WRITE, inline */
+    assert_int_equal(write(peer, h, 32), 32);
+    assert_int_equal(write(peer, part, 100), 100);
+    spin(&f, 5);
+    assert_int_equal(f.b.mem[99], 0x77);                     /* the first part landed */
+    f.b.memlen = 0;                                          /* unexported */
+    assert_int_equal(write(peer, part + 100, 8092), 8092);
+    spin(&f, 5);
+    for (size_t i = 100; i < 8192; i++)
+        assert_int_equal(f.b.mem[i], 0);
+    uint8_t ans[32];
+    assert_int_equal(read(peer, ans, 32), 32);
+    assert_int_equal(ans[0], 5);                             /* ERR */
+    assert_int_equal(ans[27], IBV_WC_REM_ACCESS_ERR);
+    stream_raw_done(&f, peer);
+}
+
+/* A message cut short by a failure: its receive was never used, so it
+ * completes as a flush with the others (none is lost). */
+static void stream_message_cut_short_is_flushed(void **state)
+{
+    (void)state;
+    struct fx f = {0};
+    int peer;
+    static uint8_t r1[2000], r2[2000], part[10];
+    stream_raw(&f, 4096, NULL, 0, &peer, 0);
+    post_recv(&f, &f.b, r1, sizeof r1);
+    post_recv(&f, &f.b, r2, sizeof r2);
+    uint8_t h[32];
+    raw_rec(h, 1, 1, 1000, 0, 0);                            /* SEND, inline */
+    assert_int_equal(write(peer, h, 32), 32);
+    assert_int_equal(write(peer, part, sizeof part), (ssize_t)sizeof part);
+    spin(&f, 5);
+    mw__lqp_error(f.b.q);
+    run_until(&f, &f.b, 2);
+    spin(&f, 5);
+    assert_int_equal(f.b.nwc, 2);
+    assert_int_equal(f.b.wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    assert_int_equal(f.b.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    stream_raw_done(&f, peer);
+}
+
+/* The peer fails our first read, then sends data for the second anyway:
+ * once the second's flush gave its buffer back, none of it lands there. */
+static void stream_read_data_after_its_flush_lands_nowhere(void **state)
+{
+    (void)state;
+    struct fx f = {0};
+    int peer;
+    stream_raw(&f, 4096, NULL, 0, &peer, 2);
+    uint8_t h[64], rest[4] = {1, 2, 3, 4};
+    raw_rec(h, 5, 0, 0, 0, IBV_WC_REM_ACCESS_ERR);          /* ERR: request 0 */
+    raw_rec(h + 32, 7, 1, 8, 1, 0);                          /* DATA for request 1 */
+    assert_int_equal(write(peer, h, 64), 64);
+    assert_int_equal(write(peer, rest, 4), 4);               /* half of it */
+    run_until(&f, &f.b, 2);
+    assert_int_equal(f.b.nwc, 2);
+    assert_int_equal(f.b.wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(f.b.wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    memset(raw_dst[1], 0xdd, 8);                             /* reused */
+    assert_int_equal(write(peer, rest, 4), 4);               /* the other half */
+    spin(&f, 5);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(raw_dst[1][i], 0xdd);
+    stream_raw_done(&f, peer);
+}
+
+/* Reads of nothing still cost (4 KiB each): a peer asking for them by the
+ * thousand without taking the answers in is cut, its answers held within
+ * the bound. */
+static void stream_many_small_reads_are_bounded(void **state)
+{
+    (void)state;
+    struct fx f = {0};
+    int peer;
+    stream_raw(&f, 4096, NULL, 0, &peer, 0);
+    uint8_t rd[32 * 256];
+    for (int i = 0; i < 256; i++)
+        raw_rec(rd + 32 * i, 3, 0, 0, (uintptr_t)f.b.mem, 7);
+    int sent = 0;
+    for (int i = 0; i < 1000 && !f.b.ended_err; i++) {
+        ssize_t w = write(peer, rd, sizeof rd);
+        sent += w > 0 ? (int)w / 32 : 0;
+        spin(&f, 1);
+    }
+    printf("cut after %d reads: %s\n", sent, f.b.ended_why);
+    assert_int_equal(f.b.ended_err, -EPROTO);
+    assert_string_equal(f.b.ended_why, "reads beyond what the peer takes in");
+    assert_true(sent >= (int)(MW__LQP_STREAM_READS_MAX / MW__LQP_STREAM_READ_COST(0)));
+    stream_raw_done(&f, peer);
+}
+
 /* The dead peer of the test below, a process of its own (spawned: under
  * the thread sanitizer a jemalloc process cannot fork): one raw WRITE by
  * copy from DEAD_SRC, where it maps 64 KiB of 0x77, to @to (rkey 7) on
@@ -680,6 +1061,32 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(a_closed_peer_is_not_waited_for, setup, teardown),
         cmocka_unit_test_setup_teardown(an_ended_channel_leaves_mw_ctx_fd_quiet, setup, teardown),
         cmocka_unit_test(a_dead_peer_is_noticed_by_its_pidfd),
+        /* stream channels: the tests above whose promises they keep alike */
+        {"stream_messages", messages_inline_and_by_cma, setup_stream, teardown, NULL},
+        {"stream_writes_reads_and_immediates", writes_reads_and_immediates, setup_stream,
+         teardown, NULL},
+        {"stream_refused_access_fails_it_and_flushes_the_rest",
+         refused_access_fails_it_and_flushes_the_rest, setup_stream, teardown, NULL},
+        {"stream_error_flushes_and_the_peer_sees_the_end", error_flushes_and_the_peer_sees_the_end,
+         setup_stream, teardown, NULL},
+        {"stream_closing_takes_what_already_came", closing_takes_what_already_came, setup_stream,
+         teardown, NULL},
+        {"stream_a_closed_peer_is_not_waited_for", a_closed_peer_is_not_waited_for, setup_stream,
+         teardown, NULL},
+        {"stream_an_ended_channel_leaves_mw_ctx_fd_quiet", an_ended_channel_leaves_mw_ctx_fd_quiet,
+         setup_stream, teardown, NULL},
+        cmocka_unit_test_setup_teardown(stream_moves_64_mib_exact, setup_stream_big, teardown),
+        cmocka_unit_test_setup_teardown(stream_zero_length_read, setup_stream, teardown),
+        cmocka_unit_test_setup_teardown(stream_failure_flushes_at_once, setup_stream, teardown),
+        cmocka_unit_test(stream_hostile_records_end_the_channel),
+        cmocka_unit_test_setup_teardown(stream_failing_end_writes_what_it_owes, setup_stream,
+                                        teardown),
+        cmocka_unit_test(stream_write_stops_where_its_export_goes),
+        cmocka_unit_test(stream_message_cut_short_is_flushed),
+        cmocka_unit_test(stream_read_data_after_its_flush_lands_nowhere),
+        cmocka_unit_test(stream_many_small_reads_are_bounded),
     };
+    if (getenv("MW_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
