@@ -129,9 +129,10 @@ static int write_file(const char *path, const char *text)
     return rc;
 }
 
-/* The device line of rdma.current with objects in use: "rxe1 hca_handle=1
- * hca_object=9" -> @dev "rxe1", @objects 9 (the first device using any). */
-static int cgroup_usage(const char *cg, char *dev, size_t cap, int *objects)
+/* The objects device @dev uses, from its line of rdma.current: "rxe1
+ * hca_handle=1 hca_object=9" -> 9.  (Not the first device listed: the
+ * context may have opened another one too.) */
+static int cgroup_usage(const char *cg, const char *dev, int *objects)
 {
     char path[256], line[256];
     snprintf(path, sizeof path, "%s/rdma.current", cg);
@@ -143,7 +144,7 @@ static int cgroup_usage(const char *cg, char *dev, size_t cap, int *objects)
         char name[64];
         int handles, objs;
         if (sscanf(line, "%63s hca_handle=%d hca_object=%d", name, &handles, &objs) == 3 &&
-            objs > 0 && (size_t)snprintf(dev, cap, "%s", name) < cap) {
+            !strcmp(name, dev)) {
             *objects = objs;
             rc = 0;
             break;
@@ -226,11 +227,15 @@ static void device_objects_run_out_cleanly(void **state)
     char *cg = cgroup_path, path[256], limit[128], dev[64];
     struct rxe_server s;
     mw_ctx_t *ctx = cgroup_ctx_server("device objects", &s);
-    mw_conn_t *conns[MAXPAIRS];
+    mw_conn_t *conns[MAXPAIRS] = {0};
     mw_future_t *failed;
     assert_int_equal(connect_until_failure(ctx, &s, NULL, conns, 0, 1, &failed), 1);
+    mw_conn_stats_t st;
+    assert_int_equal(mw_conn_stats(conns[0], &st), 0);
+    snprintf(dev, sizeof dev, "%s", st.device);     /* the device the pairs use */
     int used = 0;
-    assert_int_equal(cgroup_usage(cg, dev, sizeof dev, &used), 0);
+    assert_int_equal(cgroup_usage(cg, dev, &used), 0);
+    assert_true(used > 0);
     /* room for a few more queue pairs (each pair of ends takes two) */
     snprintf(path, sizeof path, "%s/rdma.max", cg);
     snprintf(limit, sizeof limit, "%s hca_object=%d", dev, used + 7);
