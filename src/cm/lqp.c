@@ -85,8 +85,7 @@ struct swr {                          /* a request posted, not yet answered */
     uint32_t len;
     enum ibv_wc_opcode opcode;
     bool signaled;
-    bool stream_read;                 /* a read on a stream channel: its data */
-    bool got;                         /* came */
+    bool got;                         /* its DATA came (a read, stream channel) */
 };
 
 struct rwr {                          /* a receive posted */
@@ -339,7 +338,7 @@ static void pop_request(struct mw__lqp *q, struct swr *s)
 {
     fifo_pop(&q->sq, s);
     q->sq_done++;
-    if (s->stream_read)
+    if (q->stream && s->opcode == IBV_WC_RDMA_READ)  /* (the mode is set before any post) */
         q->reads_out -= MW__LQP_STREAM_READ_COST(s->len);
 }
 
@@ -1029,7 +1028,7 @@ static int post_one(struct mw__lqp *q, const struct ibv_send_wr *wr)
         return ENOMEM;            /* as a full queue: again once reads complete */
     struct swr s = {.wr_id = wr->wr_id, .len = len, .opcode = wc_opcode(op),
                     .signaled = wr->send_flags & IBV_SEND_SIGNALED,
-                    .buf = (uint8_t *)buf, .stream_read = stream_read};
+                    .buf = (uint8_t *)buf};
     if (fifo_push(&q->sq, &s) < 0)
         return ENOMEM;
     if (q->error || q->shut || add_rec(q, &r, buf) == 0) {
