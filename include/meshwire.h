@@ -471,9 +471,11 @@ typedef struct mw_listener mw_listener_t;
 /** The path a connection's data takes. */
 typedef enum mw_transport {
     MW_TRANSPORT_AUTO = 0,    /**< option: the same-host path when the peer
-                                   is a process of this host, else RDMA */
+                                   is a process of this host, else RDMA;
+                                   TCP where this host has no RDMA */
     MW_TRANSPORT_RDMA = 1,    /**< the RDMA device, whoever the peer is */
     MW_TRANSPORT_LOCAL = 2,   /**< (stats only) the same-host path */
+    MW_TRANSPORT_TCP = 3,     /**< a TCP socket, no RDMA device involved */
 } mw_transport_t;
 
 typedef struct mw_conn_opts {
@@ -964,8 +966,9 @@ typedef struct mw_conn_stats {
     uint64_t ack_timeout_us;  /**< what the queue pair runs (queried from the
                                    device): the ACK timeout, 0 = none */
     unsigned retry_count, rnr_retry;   /**< and its retry counts */
-    mw_transport_t transport; /**< MW_TRANSPORT_RDMA or MW_TRANSPORT_LOCAL
-                                   (the same-host path: see mw_conn_opts_t) */
+    mw_transport_t transport; /**< MW_TRANSPORT_RDMA, MW_TRANSPORT_LOCAL
+                                   (the same-host path: see mw_conn_opts_t)
+                                   or MW_TRANSPORT_TCP */
 } mw_conn_stats_t;
 MW_EXTERN int mw_conn_stats(const mw_conn_t *c, mw_conn_stats_t *out);
 

@@ -11,13 +11,14 @@
 struct mw__nic;               /* cm/nic.h */
 
 /**
- * mw__cm_local_addrs() - the local RDMA-backed addresses of @ctx's
- * connections layer, as mw__nic_list() gives them (kept until an address
- * or a device changes).
+ * mw__cm_local_addrs() - the local addresses peers reach @ctx's listeners
+ * by: RDMA-backed ones, as mw__nic_list() gives them (kept until an
+ * address or a device changes), or where listeners take TCP (no RDMA
+ * here, or MW_TRANSPORT=tcp) the host's IP addresses (mw__nic_list_ip).
  * @nics, @n: receive the list, owned by the layer and valid until the
  *            loop next runs; @n may be 0.
  * Loop thread only.
- * Return: 0, or a negative errno when the layer cannot start (no rdma_cm).
+ * Return: 0, or a negative errno (RDMA asked for and not here).
  */
 int mw__cm_local_addrs(mw_ctx_t *ctx, const struct mw__nic **nics, size_t *n);
 

@@ -37,7 +37,7 @@ void mw_batch_free(mw_batch_t *b)
 
 static int entry_keys(struct mw__conn *c, struct mw__seg *s)
 {
-    int rc = mw__mem_keys(c->ctx, c->path.pd, s->local, s->len, &s->lkey);
+    int rc = mw__conn_lkey(c, s->local, s->len, &s->lkey);
     return rc == -EINVAL ? -EFAULT : rc;          /* a wrapping range: not registered */
 }
 
@@ -65,7 +65,7 @@ static int batch_alloc(mw_conn_t *h, mw_dir_t dir, size_t n, struct mw__conn **c
         return err;
     if (!out || n == 0 || n > MW_BATCH_MAX || (dir != MW_DIR_WRITE && dir != MW_DIR_READ))
         return -EINVAL;
-    if (!c->path.pd || mw__conn_setting_up(c))
+    if ((!c->path.pd && !c->path.lqp) || mw__conn_setting_up(c))
         return -ENOTCONN;
     struct mw_batch *b = mw__calloc(1, sizeof *b);
     if (!b || !(b->segs = mw__calloc(n, sizeof *b->segs))) {

@@ -217,14 +217,17 @@ static void cm_teardown(mw_ctx_t *ctx, void *state)
     mw__sentinels_drop(ctx, cm, NULL);
     while (ctx->defer_head)           /* ids waiting to be destroyed, first */
         mw__run_deferred(ctx);
-    mw__unwatch_fd(ctx, cm->ch->fd);
-    event_free(cm->ev);
+    if (cm->ch) {
+        mw__unwatch_fd(ctx, cm->ch->fd);
+        event_free(cm->ev);
+        rdma_destroy_event_channel(cm->ch);
+    }
     if (cm->sync_ev)
         event_free(cm->sync_ev);
     if (cm->resume_ev)
         event_free(cm->resume_ev);
-    rdma_destroy_event_channel(cm->ch);
     mw__free(cm->nics);
+    mw__free(cm->ips);
     mw__free(cm);
     ctx->layers[MW__LAYER_CM] = (struct mw__layer){0};
 }
@@ -240,33 +243,64 @@ struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err)
     cm->ctx = ctx;
     mw__list_init(&cm->conns);
     mw__list_init(&cm->listeners);
-    cm->ch = rdma_create_event_channel();
-    if (!cm->ch) {
-        *err = errno ? -errno : -ENODEV;
-        MW_LOG(ctx, MW_LOG_ERROR, "cannot open rdma_cm (%s): is rdma_ucm loaded?", mw_strerror(*err));
-        mw__free(cm);
-        return NULL;
-    }
-    int fl = fcntl(cm->ch->fd, F_GETFL);
-    fcntl(cm->ch->fd, F_SETFL, fl | O_NONBLOCK);
-    cm->ev = event_new(ctx->base, cm->ch->fd, EV_READ | EV_PERSIST, on_cm_readable, ctx);
-    if (!cm->ev || event_add(cm->ev, NULL) < 0 || mw__watch_fd(ctx, cm->ch->fd) < 0) {
-        if (cm->ev)
-            event_free(cm->ev);
-        rdma_destroy_event_channel(cm->ch);
-        mw__free(cm);
-        return NULL;
-    }
     cm->sync_ev = evtimer_new(ctx->base, on_sync, ctx);   /* NULL: no sync, no harm */
     cm->resume_ev = evtimer_new(ctx->base, on_resume, ctx);   /* NULL: all at once */
     ctx->layers[MW__LAYER_CM] =
         (struct mw__layer){.state = cm, .teardown = cm_teardown,
                            .device_event = cm_device_event, .device_ready = cm_device_ready,
                            .metrics = mw__cm_metrics};
+    return cm;
+}
+
+/* rdma_cm's event channel, opened at the first need of it; failing, the
+ * reason is logged once (an RDMA-less host is told once, not per
+ * connection). */
+int mw__cm_rdma(struct mw__cm *cm)
+{
+    if (cm->ch)
+        return 0;
+    mw_ctx_t *ctx = cm->ctx;
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    if (!ch) {
+        int err = errno ? -errno : -ENODEV;
+        if (!cm->no_rdma)
+            MW_LOG(ctx, MW_LOG_INFO, "no RDMA on this host: cannot open rdma_cm (%s; is "
+                   "rdma_ucm loaded?)", mw_strerror(err));
+        cm->no_rdma = err;
+        return err;
+    }
+    int fl = fcntl(ch->fd, F_GETFL);
+    fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK);
+    cm->ev = event_new(ctx->base, ch->fd, EV_READ | EV_PERSIST, on_cm_readable, ctx);
+    if (!cm->ev || event_add(cm->ev, NULL) < 0 || mw__watch_fd(ctx, ch->fd) < 0) {
+        if (cm->ev)
+            event_free(cm->ev);
+        cm->ev = NULL;
+        rdma_destroy_event_channel(ch);
+        return -ENOMEM;
+    }
+    cm->ch = ch;
+    cm->no_rdma = 0;
     const struct mw__nic *nics;
     size_t n;
     mw__cm_nics(cm, &nics, &n);       /* and a sentinel on each device */
-    return cm;
+    return 0;
+}
+
+int mw__cm_transport(struct mw__cm *cm, mw_conn_opts_t *o)
+{
+    if (o->transport == MW_TRANSPORT_TCP)
+        return 0;
+    int rc = mw__cm_rdma(cm);
+    if (rc < 0 && o->transport == MW_TRANSPORT_AUTO) {
+        o->transport = MW_TRANSPORT_TCP;
+        return 0;
+    }
+    if (rc < 0)
+        MW_LOG(cm->ctx, MW_LOG_ERROR, "cannot open rdma_cm (%s): is rdma_ucm loaded? (RDMA "
+               "was asked for: MW_TRANSPORT or the connection's transport option)",
+               mw_strerror(rc));
+    return rc;
 }
 
 struct doomed_id {
@@ -297,6 +331,11 @@ void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id)
 
 void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n)
 {
+    if (!cm->ch && mw__cm_rdma(cm) < 0) {
+        *nics = NULL;             /* no RDMA here: no RDMA addresses */
+        *n = 0;
+        return;
+    }
     if (!cm->nics_valid) {
         mw__free(cm->nics);
         cm->nics = NULL;
@@ -312,9 +351,21 @@ int mw__cm_local_addrs(mw_ctx_t *ctx, const struct mw__nic **nics, size_t *n)
 {
     int err = 0;
     struct mw__cm *cm = mw__cm_get(ctx, &err);
-    if (!cm)
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    if (!cm || (err = mw__transport_asked(ctx, &o)) < 0 || (err = mw__cm_transport(cm, &o)) < 0)
         return err;
-    mw__cm_nics(cm, nics, n);
+    if (o.transport != MW_TRANSPORT_TCP) {
+        mw__cm_nics(cm, nics, n);
+        return 0;
+    }
+    mw__free(cm->ips);                /* as the host has them now */
+    cm->ips = NULL;
+    cm->nips = 0;
+    if ((err = mw__nic_list_ip(&cm->ips, &cm->nips)) < 0)
+        return err;
+    *nics = cm->ips;
+    *n = cm->nips;
     return 0;
 }
 

@@ -31,11 +31,14 @@ struct mw__rendezvous;
 
 struct mw__cm {
     mw_ctx_t *ctx;
-    struct rdma_event_channel *ch;
+    struct rdma_event_channel *ch;    /* NULL until RDMA is needed (mw__cm_rdma) */
+    int no_rdma;                  /* why it could not be opened, last time */
     struct event *ev;
     struct mw__nic *nics;         /* local RDMA addresses, cached */
     size_t nnics;
     bool nics_valid;              /* dropped on ADDR_CHANGE / DEVICE_REMOVAL */
+    struct mw__nic *ips;          /* this host's IP addresses, for TCP */
+    size_t nips;
     struct mw__list conns;        /* every connection not yet freed */
     struct mw__list listeners;
     struct event *sync_ev;        /* after a device removal: librdmacm syncs */
@@ -73,7 +76,9 @@ struct mw__listener {
     enum mw__cm_kind kind;        /* first: rdma_cm id context */
     uint64_t h;                   /* the handle the caller holds */
     mw_ctx_t *ctx;
-    struct rdma_cm_id *id;
+    struct rdma_cm_id *id;        /* listening over rdma_cm, or NULL */
+    int fd;                       /* listening over TCP, or -1 (tcp.c) */
+    struct event *ev;
     mw_conn_opts_t opts;
     mw_accept_fn cb;
     void *arg;
@@ -249,6 +254,8 @@ struct mw__conn_setup {
     uint8_t peer_rd_resources;
 
     bool dev_wait;                /* paused: the device opens, registers memory */
+    struct mw__tcp_setup *tcp;    /* a TCP connection's socket, until its
+                                     queue pair takes it (tcp.c) */
 };
 
 /* A connection: a small base (identity, state, error, stats) and its parts,
@@ -312,13 +319,13 @@ static inline bool mw__conn_usable(const struct mw__conn *c)
  * ever name it again once its queue pair is gone. */
 static inline bool mw__conn_drained(const struct mw__conn *c)
 {
-    return c->path.wr_out == 0 && (c->path.stopped || !c->id || !c->id->qp);
+    return c->path.wr_out == 0 &&
+           (c->path.stopped || (!(c->id && c->id->qp) && !c->path.lqp));
 }
 
 void mw__conn_peer_left_settle(struct mw__conn *c);
 
-/* local.c: the same-host path.  mw__local_transport() applies MW_TRANSPORT
- * to options (-EINVAL: a value it does not know).  The connecting side
+/* local.c: the same-host path.  The connecting side
  * offers it (mw__local_offer, before its receives are posted: they go to
  * the local queue pair) and, once established, keeps or gives up the
  * channel as the peer answered (mw__local_established); the accepting side
@@ -328,15 +335,42 @@ void mw__conn_peer_left_settle(struct mw__conn *c);
  * do).  mw__local_hello() puts the offer or answer in a handshake.  0 or
  * -errno (with @why).  The channel's transport is mw__transport_local. */
 uint64_t mw__host_identity(void);
-int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o);
 int mw__local_offer(struct mw__conn *c);
 int mw__local_take(struct mw__conn *c);
 int mw__local_rendezvous(struct mw__conn *c);
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h);
 int mw__local_established(struct mw__conn *c, char *why, size_t cap);
 
-/* cm.c */
+/* tcp.c: connections over TCP.  mw__tcp_connect() starts connecting to
+ * @peer (then mw__conn_setup_qp, the handshake, mw__connect_established);
+ * mw__tcp_accepting() takes an accepted socket @fd and reads the peer's
+ * handshake (then mw__accept_hello); mw__tcp_accept() answers it and
+ * starts the queue pair; mw__tcp_reject() and mw__tcp_refuse_fd() answer
+ * no, with @why.  mw__tcp_path() is mw__conn_setup_qp's part for TCP;
+ * mw__tcp_setup_drop() closes a socket still being set up.  Listeners:
+ * mw__tcp_listen() on @sa (l->fd, l->ev), mw__tcp_port(), mw__tcp_unlisten().
+ * 0 or -errno. */
+int mw__tcp_connect(struct mw__conn *c, const struct sockaddr *peer);
+int mw__tcp_accepting(struct mw__conn *c, int fd);
+int mw__tcp_accept(struct mw__conn *c);
+void mw__tcp_reject(struct mw__conn *c, const char *why);
+void mw__tcp_refuse_fd(int fd, const char *why);
+int mw__tcp_path(struct mw__conn *c, char *why, size_t cap);
+void mw__tcp_setup_drop(struct mw__conn *c);
+int mw__tcp_listen(struct mw__listener *l, const struct sockaddr_storage *sa);
+int mw__tcp_port(const struct mw__listener *l);
+void mw__tcp_unlisten(struct mw__listener *l);
+
+/* cm.c: the layer, made at its first use; NULL with *@err (-ENOMEM). */
 struct mw__cm *mw__cm_get(mw_ctx_t *ctx, int *err);
+/* mw__cm_rdma() - open rdma_cm's event channel, unless open: 0, or the
+ * reason this host has no RDMA (-ENODEV...), logged once. */
+int mw__cm_rdma(struct mw__cm *cm);
+/* mw__cm_transport() - the transport a connection with options @o takes,
+ * set in o->transport (asked: MW__transport_asked): TCP as asked, or in
+ * auto where this host has no RDMA; RDMA otherwise, with rdma_cm opened.
+ * 0, or -errno when RDMA was asked for and cannot be had. */
+int mw__cm_transport(struct mw__cm *cm, mw_conn_opts_t *o);
 /* mw__cm_nics() - the local RDMA-backed addresses (listing them opens every
  * device, so the list is kept until an address or device changes). */
 void mw__cm_nics(struct mw__cm *cm, const struct mw__nic **nics, size_t *n);
@@ -379,6 +413,21 @@ void mw__accept_device_ready(struct mw__conn *c, int err);    /* listen.c */
 void mw__accept_local_ready(struct mw__conn *c, int err);     /* listen.c */
 /* connect.c: the connect's future fails with @err and @why (if it waits). */
 void mw__connect_fail(struct mw__conn *c, int err, const char *why);
+/* connect.c: the current address failed (@err, @fmt with @detail), the
+ * next one is tried; the peer accepted with handshake @pd of @len bytes. */
+void mw__connect_attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail);
+void mw__connect_established(struct mw__conn *c, const void *pd, size_t len);
+/* listen.c: a TCP connection @fd came to @l; its handshake @pd came in; it
+ * is refused with @err and @why. */
+void mw__listener_incoming_tcp(struct mw__listener *l, int fd);
+void mw__accept_hello(struct mw__conn *c, const void *pd, size_t len);
+void mw__accept_refuse(struct mw__conn *c, int err, const char *why);
+/* conn.c: our handshake into @pd: its length. */
+int mw__conn_hello(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN]);
+/* conn.c: the local key @c posts [addr, addr+len) under: its domain's on a
+ * device, 0 without one (the range need only be registered memory).  0,
+ * -EFAULT (not registered), or mw__mem_keys' errors. */
+int mw__conn_lkey(const struct mw__conn *c, const void *addr, size_t len, uint32_t *lkey);
 void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
                     struct rdma_conn_param *p);
 int mw__conn_take_peer_hello(struct mw__conn *c, const void *pd, size_t len, const char **why);
@@ -402,6 +451,10 @@ void mw__rdma_drop_exports(struct mw__conn *c);
 /* mw__rdma_export_covers() - whether an export of @c standing under @rkey
  * covers [addr, addr+len): the same-host path's key check. */
 bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t addr, uint64_t len);
+/* mw__conn_peer_access() - the lqp's access check for connection @c (an
+ * export of it covers the range, memory unmapped meanwhile taken first):
+ * 0 or -EACCES. */
+int mw__conn_peer_access(void *c, uint32_t rkey, uint64_t addr, uint64_t len);
 void mw__conn_common_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__cm_destroy_id_later(mw_ctx_t *ctx, struct rdma_cm_id *id);
 

@@ -89,19 +89,21 @@ int mw__conn_opts_check(const mw_conn_opts_t *o)
         o->max_accepting < 1 || o->max_accepting > 65536 || o->max_conns > 65536 ||
         o->retry_count > 7 ||
         o->rnr_retry > 6 ||
-        (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA))
+        (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA &&
+         o->transport != MW_TRANSPORT_TCP))
         return -EINVAL;
     return 0;
 }
 
 /* The life cycle: which state may follow which (any may go to FREED, at
  * the context's teardown).  An active connection goes back to resolving
- * for each address it tries. */
+ * for each address it tries, or over TCP straight to connecting. */
 #define S(x) (1u << MW__CONN_##x)
 static const unsigned next_ok[] = {
-    [MW__CONN_RESOLVING_ADDR] = S(RESOLVING_ADDR) | S(RESOLVING_ROUTE) | S(BROKEN),
+    [MW__CONN_RESOLVING_ADDR] = S(RESOLVING_ADDR) | S(RESOLVING_ROUTE) | S(CONNECTING) |
+                                S(BROKEN),
     [MW__CONN_RESOLVING_ROUTE] = S(RESOLVING_ADDR) | S(CONNECTING) | S(BROKEN),
-    [MW__CONN_CONNECTING] = S(RESOLVING_ADDR) | S(ESTABLISHED) | S(BROKEN),
+    [MW__CONN_CONNECTING] = S(RESOLVING_ADDR) | S(CONNECTING) | S(ESTABLISHED) | S(BROKEN),
     [MW__CONN_ACCEPTING] = S(ESTABLISHED) | S(BROKEN),
     [MW__CONN_ESTABLISHED] = S(CLOSING) | S(BROKEN),
     [MW__CONN_CLOSING] = S(DISCONNECTING) | S(BROKEN),
@@ -121,6 +123,7 @@ static void setup_free(struct mw__conn *c)
 {
     if (!c->setup)
         return;
+    mw__tcp_setup_drop(c);
     struct mw__conn_setup *s = c->setup;
     for (size_t i = 0; s->names && i < s->nnames; i++) {
         if (s->lookups)
@@ -141,6 +144,13 @@ void mw__conn_hand_over(struct mw__conn *c)
     setup_free(c);
 }
 
+/* What @c's setup makes it run on: the device's queue pair (which may yet
+ * give way to the same-host path), or a TCP socket. */
+static const struct mw__transport *base_transport(const struct mw__conn *c)
+{
+    return c->opts.transport == MW_TRANSPORT_TCP ? &mw__transport_tcp : &mw__transport_rdma;
+}
+
 static void finish_task(struct mw__task *t)
 {
     mw__conn_free(mw__container_of(t, struct mw__conn, finish_task));
@@ -159,10 +169,9 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
         return rc;
     if (!o.keepalive_ms)
         o.keepalive_ms = o.timeout_ms;
-    if ((rc = mw__local_transport(ctx, &o)) < 0)
-        return rc;
-    struct mw__cm *cm = mw__cm_get(ctx, &rc);
-    if (!cm)
+    struct mw__cm *cm;
+    if ((rc = mw__transport_asked(ctx, &o)) < 0 || !(cm = mw__cm_get(ctx, &rc)) ||
+        (rc = mw__cm_transport(cm, &o)) < 0)
         return rc;
     struct mw__conn *c = mw__calloc(1, sizeof *c);
     if (!c)
@@ -179,7 +188,7 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     c->owner = MW__OWNER_PENDING;
     c->state = side == MW__SIDE_ACTIVE ? MW__CONN_RESOLVING_ADDR : MW__CONN_ACCEPTING;
     c->opts = o;
-    mw__conn_set_transport(c, &mw__transport_rdma);
+    mw__conn_set_transport(c, base_transport(c));
     c->finish_task.fn = finish_task;
     mw__list_init(&c->xfers.queue);
     mw__list_init(&c->msgs.recv_waiters);
@@ -190,6 +199,15 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
 }
 
 /* --- queue pair and buffers ---------------------------------------------- */
+
+int mw__conn_lkey(const struct mw__conn *c, const void *addr, size_t len, uint32_t *lkey)
+{
+    if (c->opts.transport != MW_TRANSPORT_TCP)
+        return mw__mem_keys(c->ctx, c->path.pd, addr, len, lkey);
+    *lkey = 0;
+    int rc = mw__mem_held(c->ctx, addr, len);
+    return rc == -EINVAL ? -EFAULT : rc;
+}
 
 static int create_qp(struct mw__conn *c, char *why, size_t cap)
 {
@@ -259,6 +277,8 @@ void mw__conn_device_ready(struct mw__conn *c, struct mw__dev *dev, int err)
 
 int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
 {
+    if (c->opts.transport == MW_TRANSPORT_TCP)
+        return mw__tcp_path(c, why, cap);
     int rc = mw__dev_get(c->ctx, c->id->verbs, &c->path.dev);
     if (rc < 0) {
         snprintf(why, cap, "cannot open the RDMA device: %s", mw_strerror(rc));
@@ -318,11 +338,8 @@ static uint8_t rd_atoms(int device_max, unsigned peer)
  * too, and keepalive.c notices a silent peer then.  Read depths: ours,
  * within what the device allows; accepting, also within what the peer
  * asked for and serves. */
-void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
-                    struct rdma_conn_param *p)
+int mw__conn_hello(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN])
 {
-    bool passive = c->side == MW__SIDE_PASSIVE;
-    const struct mw__conn_setup *s = c->setup;   /* only setting up */
     struct mw__hello h = {
         .magic = MW__HELLO_MAGIC,
         .version = MW__HELLO_VERSION,
@@ -332,7 +349,15 @@ void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
         .max_msg = c->opts.max_msg_size,
     };
     mw__local_hello(c, &h);
-    int len = mw__hello_encode(&h, pd, MW__HELLO_LEN);
+    return mw__hello_encode(&h, pd, MW__HELLO_LEN);
+}
+
+void mw__conn_param(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN],
+                    struct rdma_conn_param *p)
+{
+    bool passive = c->side == MW__SIDE_PASSIVE;
+    const struct mw__conn_setup *s = c->setup;   /* only setting up */
+    int len = mw__conn_hello(c, pd);
     *p = (struct rdma_conn_param){
         .private_data = pd, .private_data_len = (uint8_t)len,
         .responder_resources = rd_atoms(c->path.dev->attr.max_qp_rd_atom,
@@ -399,6 +424,8 @@ static void query_retries(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
+    if (!c->id)                   /* no queue pair of a device: nothing to say */
+        return;
     if (ibv_query_qp(c->id->qp, &a, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &ia))
         return;
     c->stats.ack_timeout_us = ack_timeout_exp_us(a.timeout);
@@ -414,6 +441,8 @@ static unsigned reads_in_flight(struct mw__conn *c)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
+    if (c->path.tp->reads)
+        return c->path.tp->reads;
     if (c->path.dev->soft_roce)
         return MW__RXE_READS;
     if (ibv_query_qp(c->id->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC, &ia) || a.max_rd_atomic < 1)
@@ -456,12 +485,13 @@ static void fail_pending(struct mw__conn *c, int err)
 
 static void disconnect(struct mw__conn *c)
 {
-    if (c->path.stopped || !c->id)
+    if (c->path.stopped || (!c->id && !c->path.lqp))
         return;
     c->path.stopped = true;
     /* Moves the QP to the error state: everything posted comes back as a
      * flush, and the final teardown waits for exactly that. */
-    rdma_disconnect(c->id);
+    if (c->id)
+        rdma_disconnect(c->id);
     c->path.tp->stop(c);
 }
 
@@ -591,7 +621,7 @@ void mw__conn_free(struct mw__conn *c)
         return;
     /* only the context's teardown frees what the caller still holds */
     MW__CHECK(c->ctx, c->ctx->closing || (c->owner != MW__OWNER_CALLER && mw__conn_drained(c)) ||
-                          !c->id);
+                          (!c->id && !c->path.lqp));
     mw__conn_set_state(c, MW__CONN_FREED);
     if (c->counted_by)
         c->counted_by->live--;
@@ -725,10 +755,15 @@ void mw__conn_refused(struct mw__conn *c, int err)
 
 void mw__conn_drop_attempt(struct mw__conn *c)
 {
+    if (c->opts.transport == MW_TRANSPORT_TCP) {
+        release_qp(c);
+        mw__tcp_setup_drop(c);
+        return;
+    }
     if (!c->id)
         return;
     release_qp(c);
-    mw__conn_set_transport(c, &mw__transport_rdma);   /* the next address decides anew */
+    mw__conn_set_transport(c, base_transport(c));   /* the next address decides anew */
     c->id->context = NULL;
     mw__cm_destroy_id_later(c->ctx, c->id);
     c->id = NULL;

@@ -28,7 +28,7 @@ static void note_failure(struct mw__conn *c, const char *addr, int err, const ch
 }
 
 /* Record why this address failed and go on to the next. */
-static void attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail)
+void mw__connect_attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail)
 {
     struct mw__conn_setup *s = c->setup;
     char addr[MW__ADDR_STRLEN], one[192];
@@ -44,7 +44,7 @@ static void on_step_timeout(struct mw__conn *c)
 {
     char what[64];
     snprintf(what, sizeof what, "%s", mw__conn_state_str(c->state));
-    attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
+    mw__connect_attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
 }
 
 static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct sockaddr_storage *src)
@@ -78,11 +78,20 @@ static void try_next(struct mw__conn *c)
     }
     struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
     struct sockaddr *peer = (struct sockaddr *)&s->peers[s->next_peer++];
+    if (c->opts.transport == MW_TRANSPORT_TCP) {
+        mw__conn_set_state(c, MW__CONN_CONNECTING);
+        mw__conn_arm_timer(c, on_step_timeout);
+        int rc = mw__tcp_connect(c, peer);
+        if (rc < 0)
+            mw__connect_attempt_failed(c, rc == -ECONNREFUSED ? rc : -EHOSTUNREACH,
+                                       "cannot connect over TCP: %s", mw_strerror(rc));
+        return;
+    }
     struct sockaddr_storage src;
     int have_src = pick_source(c, peer, &src) >= 0;
     struct rdma_cm_id *id;
     if (rdma_create_id(cm->ch, &id, c, RDMA_PS_TCP) < 0) {
-        attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
         return;
     }
     mw__conn_take_id(c, id);
@@ -90,7 +99,7 @@ static void try_next(struct mw__conn *c)
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_resolve_addr(c->id, have_src ? (struct sockaddr *)&src : NULL, peer,
                           (int)c->opts.timeout_ms) < 0)
-        attempt_failed(c, -EHOSTUNREACH, "cannot resolve: %s", mw_strerror(-errno));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "cannot resolve: %s", mw_strerror(-errno));
 }
 
 void mw__connect_fail(struct mw__conn *c, int err, const char *why)
@@ -248,7 +257,7 @@ static void on_route_resolved(struct mw__conn *c)
         return;
     }
     if (rc < 0) {
-        attempt_failed(c, rc, "%s", why);
+        mw__connect_attempt_failed(c, rc, "%s", why);
         return;
     }
     uint8_t pd[MW__HELLO_LEN];
@@ -257,23 +266,22 @@ static void on_route_resolved(struct mw__conn *c)
     mw__conn_set_state(c, MW__CONN_CONNECTING);
     mw__conn_arm_timer(c, on_step_timeout);
     if (rdma_connect(c->id, &p) < 0)
-        attempt_failed(c, -EHOSTUNREACH, "rdma_connect: %s", mw_strerror(-errno));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "rdma_connect: %s", mw_strerror(-errno));
 }
 
 void mw__connect_device_ready(struct mw__conn *c, int err)
 {
     if (err)
-        attempt_failed(c, err, "%s", c->path.dev->why[0] ? c->path.dev->why
+        mw__connect_attempt_failed(c, err, "%s", c->path.dev->why[0] ? c->path.dev->why
                                                     : "the RDMA device could not register memory");
     else
         on_route_resolved(c);
 }
 
-static void on_established(struct mw__conn *c, struct rdma_cm_event *ev)
+void mw__connect_established(struct mw__conn *c, const void *pd, size_t len)
 {
     const char *why = "";
-    if (mw__conn_take_peer_hello(c, ev->param.conn.private_data,
-                                 ev->param.conn.private_data_len, &why) < 0) {
+    if (mw__conn_take_peer_hello(c, pd, len, &why) < 0) {
         mw__conn_fail(c, -EPROTO, "%s is not a meshwire peer: %s", c->stats.remote, why);
         return;
     }
@@ -319,28 +327,29 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
         mw__conn_set_state(c, MW__CONN_RESOLVING_ROUTE);
         mw__conn_arm_timer(c, on_step_timeout);
         if (rdma_resolve_route(c->id, (int)c->opts.timeout_ms) < 0)
-            attempt_failed(c, -EHOSTUNREACH, "cannot resolve the route: %s", mw_strerror(-errno));
+            mw__connect_attempt_failed(c, -EHOSTUNREACH, "cannot resolve the route: %s", mw_strerror(-errno));
         return;
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
         on_route_resolved(c);
         return;
     case RDMA_CM_EVENT_ESTABLISHED:
-        on_established(c, ev);
+        mw__connect_established(c, ev->param.conn.private_data,
+                                ev->param.conn.private_data_len);
         return;
     case RDMA_CM_EVENT_ADDR_ERROR:
-        attempt_failed(c, -EHOSTUNREACH, "address resolution failed: %s", mw_strerror(ev->status));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "address resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_ROUTE_ERROR:
-        attempt_failed(c, -EHOSTUNREACH, "route resolution failed: %s", mw_strerror(ev->status));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "route resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_UNREACHABLE:
-        attempt_failed(c, -EHOSTUNREACH, "unreachable: %s", mw_strerror(ev->status));
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "unreachable: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_CONNECT_ERROR:
-        attempt_failed(c, -ECONNRESET, "connect error: %s", mw_strerror(ev->status));
+        mw__connect_attempt_failed(c, -ECONNRESET, "connect error: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_REJECTED:
-        attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
+        mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
         return;
     default:
         mw__conn_common_event(c, ev);

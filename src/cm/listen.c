@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 
 #include "cm/cm.h"
@@ -45,29 +46,34 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     else
         mw_conn_opts_init(&o);
     int rc = mw__conn_opts_check(&o);
-    if (rc < 0 || (rc = mw__local_transport(ctx, &o)) < 0)
+    if (rc < 0 || (rc = mw__transport_asked(ctx, &o)) < 0)
         return rc;
     struct sockaddr_storage sa;
     rc = parse_listen_addr(addr, (uint16_t)o.default_port, &sa);
     if (rc < 0)
         return rc;
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
-    if (!cm)
+    if (!cm || (rc = mw__cm_transport(cm, &o)) < 0)
         return rc;
     struct mw__listener *l = mw__calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
-    *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .opts = o, .cb = cb, .arg = arg};
+    *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .fd = -1, .opts = o,
+                               .cb = cb, .arg = arg};
     if (!(l->h = mw__handle_new(MW__H_LISTENER, l, mw__loop_thread(ctx)))) {
         mw__free(l);
         return -ENOMEM;
     }
-    if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
-        rdma_bind_addr(l->id, (struct sockaddr *)&sa) < 0 || rdma_listen(l->id, 128) < 0) {
+    if (o.transport == MW_TRANSPORT_TCP)
+        rc = mw__tcp_listen(l, &sa);
+    else if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
+             rdma_bind_addr(l->id, (struct sockaddr *)&sa) < 0 || rdma_listen(l->id, 128) < 0)
         rc = errno ? -errno : -EIO;
+    if (rc < 0) {
         char a[64];
-        MW_LOG(ctx, MW_LOG_ERROR, "cannot listen on %s: %s",
-               mw__addr_str((struct sockaddr *)&sa, a, sizeof a), mw_strerror(rc));
+        MW_LOG(ctx, MW_LOG_ERROR, "cannot listen on %s%s: %s",
+               mw__addr_str((struct sockaddr *)&sa, a, sizeof a),
+               o.transport == MW_TRANSPORT_TCP ? " (TCP)" : "", mw_strerror(rc));
         if (l->id)
             rdma_destroy_id(l->id);
         mw__handle_release(l->h);
@@ -90,6 +96,8 @@ int mw_listener_port(const mw_listener_t *h)
     struct mw__listener *l = mw__listener_of(h, __func__, &err);
     if (!l)
         return err;
+    if (l->fd >= 0)
+        return mw__tcp_port(l);
     return l->id ? ntohs(rdma_get_src_port(l->id)) : -ENODEV;   /* its device went */
 }
 
@@ -119,6 +127,7 @@ void mw__listener_free(struct mw__listener *l)
     mw__list_del(&l->link);
     if (l->id)
         rdma_destroy_id(l->id);
+    mw__tcp_unlisten(l);
     mw__handle_release(l->h);
     mw__free(l);
 }
@@ -147,6 +156,17 @@ static void send_reject(mw_ctx_t *ctx, struct rdma_cm_id *id, const char *why)
            mw__addr_str(rdma_get_peer_addr(id), a, sizeof a), why);
 }
 
+/* Refuse the request behind @c, on its transport, saying @why. */
+static void reject(struct mw__conn *c, const char *why)
+{
+    if (c->id) {
+        send_reject(c->ctx, c->id, why);
+        return;
+    }
+    mw__tcp_reject(c, why);
+    MW_LOG(c->ctx, MW_LOG_WARN, "rejected a connection from %s: %s", c->stats.remote, why);
+}
+
 /* The listener @c came through, while there is one to count its end. */
 static struct mw__listener *listener_of(const struct mw__conn *c)
 {
@@ -168,14 +188,28 @@ static void refuse(struct mw__conn *c, int rc, const char *why)
         l->stats.rejected++;
     else if (l)
         l->stats.failed++;
-    send_reject(c->ctx, c->id, why);
+    reject(c, why);
     mw__conn_drop_attempt(c);          /* the id goes after this event's ack */
     mw__conn_refused(c, rc);
 }
 
+void mw__accept_refuse(struct mw__conn *c, int err, const char *why)
+{
+    refuse(c, err, why);
+}
+
+static void accepted(struct mw__conn *c);
+
 /* The answer, once the queue pair and the same-host channel are decided. */
 static int accept_now(struct mw__conn *c, const char **why)
 {
+    if (!c->id) {                 /* over TCP: established once answered */
+        *why = "cannot answer the handshake";
+        int rc = mw__tcp_accept(c);
+        if (rc == 0)
+            accepted(c);
+        return rc;
+    }
     uint8_t pd[MW__HELLO_LEN];
     struct rdma_conn_param p;
     mw__conn_param(c, pd, &p);
@@ -266,6 +300,44 @@ static void on_connect_request(struct mw__listener *l, struct rdma_cm_event *ev)
         refuse(c, rc, why);
 }
 
+void mw__listener_incoming_tcp(struct mw__listener *l, int fd)
+{
+    if (!room_for_one_more(l)) {
+        l->stats.rejected++;      /* not logged: a flood would flood the log */
+        mw__tcp_refuse_fd(fd, "busy");
+        close(fd);
+        return;
+    }
+    struct mw__conn *c;
+    int rc = mw__conn_new(l->ctx, MW__SIDE_PASSIVE, &l->opts, &c);
+    if (rc < 0) {
+        l->stats.failed++;
+        mw__tcp_refuse_fd(fd, "out of memory");
+        close(fd);
+        return;
+    }
+    c->setup->listener = l;
+    c->counted_by = l;
+    l->live++;
+    c->setup->peer_rd_depth = c->setup->peer_rd_resources = 0;
+    if ((rc = mw__tcp_accepting(c, fd)) < 0) {
+        refuse(c, rc, "out of memory");
+        return;
+    }
+    mw__conn_arm_timer(c, on_accept_timeout);    /* for the peer's handshake */
+}
+
+void mw__accept_hello(struct mw__conn *c, const void *pd, size_t len)
+{
+    const char *why = "";
+    char reason[160];
+    int rc = listener_of(c) ? mw__conn_take_peer_hello(c, pd, len, &why) : -ECONNABORTED;
+    if (!listener_of(c))
+        why = "no longer listening";
+    if (rc < 0 || (rc = answer(c, &why, reason, sizeof reason)) < 0)
+        refuse(c, rc, why);
+}
+
 void mw__listener_refuse_orphan(mw_ctx_t *ctx, struct rdma_cm_id *id)
 {
     send_reject(ctx, id, "no longer listening");
@@ -289,6 +361,17 @@ void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
         if (l)
             l->stats.failed++;
         mw__conn_fail(c, -ECONNABORTED, "accept failed: %s", rdma_event_str(ev->event));
+        return;
+    }
+    accepted(c);
+}
+
+/* @c is established on its listener's side: the callback has it. */
+static void accepted(struct mw__conn *c)
+{
+    struct mw__listener *l = listener_of(c);
+    if (!l) {                     /* freed while this one was set up */
+        mw__conn_fail(c, -ECONNABORTED, "accept failed: no longer listening");
         return;
     }
     mw__conn_established(c);

@@ -145,35 +145,7 @@ uint64_t mw__host_identity(void)
     return v;
 }
 
-/* The connection's transport as asked: its option, unless MW_TRANSPORT
- * forces the device.  -EINVAL for a value neither knows. */
-int mw__local_transport(mw_ctx_t *ctx, mw_conn_opts_t *o)
-{
-    const char *env = getenv("MW_TRANSPORT");
-    if (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA)
-        return -EINVAL;
-    if (!env || !*env || !strcmp(env, "auto"))
-        return 0;
-    if (!strcmp(env, "rdma")) {
-        o->transport = MW_TRANSPORT_RDMA;
-        return 0;
-    }
-    MW_LOG(ctx, MW_LOG_ERROR, "MW_TRANSPORT=%s: expected rdma or auto", env);
-    return -EINVAL;
-}
-
 /* --- the connection's side ------------------------------------------------- */
-
-/* A key and range of ours the peer names: an export standing now.  Memory
- * unmapped and mapped again at the same address must not take the write
- * meant for the old pages (on a device the old pages would, pinned), so
- * what the registration cache heard of unmaps is taken first. */
-static int on_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
-{
-    struct mw__conn *c = arg;
-    mw__mem_sync(c->ctx);
-    return mw__rdma_export_covers(c, rkey, addr, len) ? 0 : -EACCES;
-}
 
 static void no_disconnect(struct mw__conn *c)
 {
@@ -198,7 +170,7 @@ static void on_ended(void *arg, int err, const char *why)
     }
 }
 
-static const struct mw__lqp_ops lqp_ops = {on_access, on_ended};
+static const struct mw__lqp_ops lqp_ops = {mw__conn_peer_access, on_ended};
 
 static int new_lqp(struct mw__conn *c)
 {
@@ -460,7 +432,7 @@ int mw__local_offer(struct mw__conn *c)
 
 int mw__local_established(struct mw__conn *c, char *why, size_t cap)
 {
-    if (!c->path.lqp)
+    if (c->path.tp != &mw__transport_local)
         return 0;
     bool taken = c->peer.flags & MW__HELLO_LOCAL, attached = mw__lqp_peer(c->path.lqp) != 0;
     local_drop(c);
@@ -550,7 +522,7 @@ int mw__local_rendezvous(struct mw__conn *c)
 
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)
 {
-    if (!c->path.lqp)
+    if (c->path.tp != &mw__transport_local)
         return;
     h->flags |= MW__HELLO_LOCAL;
     h->host = mw__host_identity();

@@ -838,7 +838,12 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         linger_read(q);
         return;
     }
-    if (what & EV_CLOSED)         /* before executing what it sent */
+    /* Before executing what it sent: a same-host peer that gave up wants
+     * its memory left alone.  A stream's requests carry their bytes, in
+     * order: those that came before its end are executed, as a device's
+     * queue pair executes what reached it before a disconnect -- a message
+     * sent right before closing (a reason) is delivered. */
+    if ((what & EV_CLOSED) && !q->stream)
         peer_shut(q);
     ssize_t n = evbuffer_get_length(q->in) > READ_MAX ? 1 : read_some(q, READ_MAX);
     bool broken = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;

@@ -25,7 +25,7 @@ static int post_recv(struct mw__conn *c, unsigned i)
 {
     struct mw__recv_slot *s = &c->msgs.slots[i];
     struct ibv_sge sge = {.addr = (uintptr_t)s->buf, .length = c->opts.slot_size};
-    int rc = mw__mem_keys(c->ctx, c->path.pd, s->buf, c->opts.slot_size, &sge.lkey);
+    int rc = mw__conn_lkey(c, s->buf, c->opts.slot_size, &sge.lkey);
     if (rc < 0)
         return rc;
     struct ibv_recv_wr wr = {.wr_id = s->op->wr_id, .sg_list = &sge, .num_sge = 1}, *bad;
@@ -278,7 +278,7 @@ static void after_taking(struct mw__conn *c)
 static void keep_early(struct mw__conn *c, unsigned i)
 {
     c->msgs.early[c->msgs.nearly++] = i;
-    if (c->state == MW__CONN_ACCEPTING && c->msgs.nearly == 1 &&   /* once: the first */
+    if (c->state == MW__CONN_ACCEPTING && c->msgs.nearly == 1 && c->id &&   /* once */
         rdma_notify(c->id, IBV_EVENT_COMM_EST) < 0 && errno != EISCONN)
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: rdma_notify: %s", c->stats.remote, mw_strerror(-errno));
 }

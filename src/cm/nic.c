@@ -327,6 +327,45 @@ int mw__nic_list(struct mw__nic **out, size_t *n)
     return rc;
 }
 
+/* One getifaddrs entry for mw__nic_list_ip(): an IPv4 address of a netdev
+ * that is up, loopback or not as @loopback says. */
+static int consider_ip(struct nic_vec *v, const struct ifaddrs *all, const struct ifaddrs *a,
+                       bool loopback)
+{
+    if (!a->ifa_addr || !a->ifa_name || a->ifa_addr->sa_family != AF_INET ||
+        !(a->ifa_flags & IFF_UP) || !(a->ifa_flags & IFF_LOOPBACK) != !loopback)
+        return 0;
+    char ifname[IF_NAMESIZE];
+    size_t len = strcspn(a->ifa_name, ":");
+    if (len == 0 || len >= sizeof(ifname))
+        return 0;
+    memcpy(ifname, a->ifa_name, len);
+    ifname[len] = '\0';
+    return nic_add(v, a, ifname, ifindex_of(all, ifname), "");
+}
+
+int mw__nic_list_ip(struct mw__nic **out, size_t *n)
+{
+    struct ifaddrs *ifa;
+    *out = NULL;
+    *n = 0;
+    if (getifaddrs(&ifa) != 0)
+        return -errno;
+    struct nic_vec v = {0};
+    int rc = 0;
+    for (int loopback = 0; loopback < 2 && !rc && !v.n; loopback++)
+        for (const struct ifaddrs *a = ifa; a && !rc; a = a->ifa_next)
+            rc = consider_ip(&v, ifa, a, loopback);
+    freeifaddrs(ifa);
+    if (rc) {
+        mw__free(v.v);
+        return rc;
+    }
+    *out = v.v;
+    *n = v.n;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * Choice
  * ------------------------------------------------------------------------ */

@@ -61,6 +61,14 @@ struct mw__nic_ndev {
  */
 int mw__nic_list(struct mw__nic **out, size_t *n);
 
+/*
+ * mw__nic_list_ip() - the IPv4 addresses of this host's netdevs that are
+ * up, for peers to reach it over TCP: loopback only when there is no
+ * other (a remote peer told 127.0.0.1 would reach itself).  dev is "".
+ * Return: as mw__nic_list().
+ */
+int mw__nic_list_ip(struct mw__nic **out, size_t *n);
+
 /**
  * mw__nic_from_ifaddrs() - the part of mw__nic_list() after verbs: the
  * addresses in @ifa of the netdevs named by @nd.  Exposed for unit tests.

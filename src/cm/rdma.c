@@ -43,8 +43,8 @@ static int export_on(struct mw__conn *c, void *addr, size_t len, mw_remote_t *ou
 {
     if (!addr || !len || !out)
         return -EINVAL;
-    if (!c->path.pd || c->path.dev->removed)
-        return -ENOTCONN;
+    if (c->path.dev ? !c->path.pd || c->path.dev->removed : !c->path.lqp)
+        return -ENOTCONN;             /* no queue pair (device gone, or not yet) */
     struct mw__conn_export *x = mw__calloc(1, sizeof *x);
     if (!x)
         return -ENOMEM;
@@ -152,10 +152,21 @@ void mw__rdma_drop_exports(struct mw__conn *c)
 bool mw__rdma_export_covers(const struct mw__conn *c, uint32_t rkey, uint64_t addr, uint64_t len)
 {
     for (const struct mw__conn_export *x = c->exports; x; x = x->next)
-        if (x->e.mr && x->e.rkey == rkey && addr >= x->e.start && addr <= x->e.end &&
+        if (x->e.standing && x->e.rkey == rkey && addr >= x->e.start && addr <= x->e.end &&
             len <= x->e.end - addr)
-            return true;          /* standing: withdrawn ones have no mr */
+            return true;
     return false;
+}
+
+/* A key and range of ours the peer names: an export standing now.  Memory
+ * unmapped and mapped again at the same address must not take the write
+ * meant for the old pages (on a device the old pages would, pinned), so
+ * what the registration cache heard of unmaps is taken first. */
+int mw__conn_peer_access(void *arg, uint32_t rkey, uint64_t addr, uint64_t len)
+{
+    struct mw__conn *c = arg;
+    mw__mem_sync(c->ctx);
+    return mw__rdma_export_covers(c, rkey, addr, len) ? 0 : -EACCES;
 }
 
 #define CHAIN_MAX 16              /* work requests per doorbell */
@@ -166,7 +177,7 @@ static uint64_t chunk_of(const struct mw__conn *c)
     uint64_t chunk = c->opts.chunk_size;
     if (c->xfers.max_msg && c->xfers.max_msg < chunk)
         chunk = c->xfers.max_msg;
-    return mw__dev_post_chunk(c->path.dev, chunk);
+    return c->path.dev ? mw__dev_post_chunk(c->path.dev, chunk) : chunk;
 }
 
 /* Move a cursor (@seg, @off) of @r by @len bytes: into the next segment
@@ -283,7 +294,7 @@ static int post_chain(struct mw__conn *c, struct mw__rdma *r, unsigned room, boo
     uint64_t t0 = timed ? mw__now_ns() : 0;
     unsigned took;
     int rc = mw__conn_post_send(c, wr, n, &took);
-    if (rc == 0 && timed)
+    if (rc == 0 && timed && c->path.dev)
         mw__dev_post_cost(c->path.dev, bytes, mw__now_ns() - t0);
     for (unsigned i = 0; i < took; i++) {
         advance(r, &r->seg, &r->seg_off, sge[i].length);
@@ -405,7 +416,7 @@ static mw_future_t *start(mw_conn_t *h, const char *fn, enum ibv_wr_opcode opcod
     } else if (rc == 0 && (offset > rem->len || len > rem->len - offset)) {
         rc = -ERANGE;
         why = "outside the remote memory exported";
-    } else if (rc == 0 && len && (rc = mw__mem_keys(c->ctx, c->path.pd, local, len, &lkey)) < 0) {
+    } else if (rc == 0 && len && (rc = mw__conn_lkey(c, local, len, &lkey)) < 0) {
         why = rc == -EFAULT ? "local memory not registered (use mw_alloc or mw_reg)"
                             : "cannot register the local memory for this connection";
     }

@@ -60,7 +60,7 @@ static int post_frag(struct mw__conn *c, struct mw__send *s, struct mw__frag *fr
     if (fr->len)
         memcpy(buf + MW__FRAG_HDR_LEN, s->buf + fr->offset, fr->len);
     struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = MW__FRAG_HDR_LEN + fr->len};
-    int rc = mw__mem_keys(c->ctx, c->path.pd, buf, sge.length, &sge.lkey);
+    int rc = mw__conn_lkey(c, buf, sge.length, &sge.lkey);
     struct ibv_send_wr wr = {.wr_id = op->wr_id, .sg_list = &sge, .num_sge = 1,
                              .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
     unsigned took;

@@ -4,6 +4,9 @@
  * uncounted when they come back (a completion, or a flush); a connection
  * whose count is zero and whose queue pair can take no more is drained
  * (mw__conn_drained) and may go. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cm/cm.h"
 #include "core/cq.h"
 #include "core/dev.h"
@@ -58,6 +61,22 @@ const struct mw__transport mw__transport_rdma = {
     .settle = nothing_until,
     .release = nothing,
 };
+
+int mw__transport_asked(mw_ctx_t *ctx, mw_conn_opts_t *o)
+{
+    if (o->transport != MW_TRANSPORT_AUTO && o->transport != MW_TRANSPORT_RDMA &&
+        o->transport != MW_TRANSPORT_TCP)
+        return -EINVAL;
+    const char *env = getenv("MW_TRANSPORT");
+    if (!env || !*env || !strcmp(env, "auto"))
+        return 0;
+    if (!strcmp(env, "rdma") || !strcmp(env, "tcp")) {
+        o->transport = env[0] == 'r' ? MW_TRANSPORT_RDMA : MW_TRANSPORT_TCP;
+        return 0;
+    }
+    MW_LOG(ctx, MW_LOG_ERROR, "MW_TRANSPORT=%s: expected rdma, tcp or auto", env);
+    return -EINVAL;
+}
 
 void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp)
 {

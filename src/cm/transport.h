@@ -1,9 +1,11 @@
 /* How a connection's work reaches its peer: one table of operations per
- * transport, so the connection's code never asks which it has.  Every
- * connection is set up over rdma_cm, and runs on its RDMA queue pair
+ * transport, so the connection's code never asks which it has.  A
+ * connection set up over rdma_cm runs on its RDMA queue pair
  * (mw__transport_rdma) or, when the peer shares the host and takes the
  * channel, on a same-host queue pair beside it (mw__transport_local,
- * local.c).  transport.c counts what is in flight over any of them. */
+ * local.c); one set up over TCP runs on a queue pair carried by its socket
+ * (mw__transport_tcp, tcp.c).  transport.c counts what is in flight over
+ * any of them. */
 #ifndef MW_CM_TRANSPORT_H
 #define MW_CM_TRANSPORT_H
 
@@ -22,6 +24,8 @@ struct mw__transport {
     bool probes;                  /* a silent peer is found by keepalive
                                      probes (the NIC answers them), else by
                                      the transport itself */
+    unsigned reads;               /* one-sided reads in flight; 0: as the
+                                     queue pair negotiated */
     /* as ibv_post_send / ibv_post_recv */
     int (*post_send)(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
     int (*post_recv)(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
@@ -41,6 +45,12 @@ struct mw__transport {
 
 extern const struct mw__transport mw__transport_rdma;
 extern const struct mw__transport mw__transport_local;
+extern const struct mw__transport mw__transport_tcp;
+
+/* mw__transport_asked() - @o's transport option, unless the environment's
+ * MW_TRANSPORT (rdma, tcp, auto) says otherwise: 0, or -EINVAL for a value
+ * neither knows. */
+int mw__transport_asked(mw_ctx_t *ctx, mw_conn_opts_t *o);
 
 /* @c runs on @tp from now on (its stats say so). */
 void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp);

@@ -4,6 +4,7 @@
  * so that memory leaving meshwire's hands withdraws every export over it
  * first: a key a peer holds never reaches memory given back for reuse. */
 #include <errno.h>
+#include <sys/random.h>
 
 #include <infiniband/verbs.h>
 
@@ -14,19 +15,39 @@
 
 #define EXPORT_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-/* @e stands: its key works, and memory released withdraws it. */
-static void stand(mw_ctx_t *ctx, struct mw__export *e, struct ibv_mr *mr, void *addr, size_t len)
+/* @e stands under @rkey: its key works, and memory released withdraws it. */
+static void stand(mw_ctx_t *ctx, struct mw__export *e, struct ibv_mr *mr, uint32_t rkey,
+                  void *addr, size_t len)
 {
     e->mr = mr;
+    e->standing = true;
     e->start = (uintptr_t)addr;
     e->end = e->start + len;
-    e->rkey = mr->rkey;
+    e->rkey = rkey;
     mw__list_add_tail(&mw__mem_of(ctx)->exports, &e->link);
+}
+
+/* Without a device: a random key, which guessing finds once in 2^32 tries
+ * (a device's is no harder), and a peer that tries is cut at its first
+ * miss (lqp.c). */
+static int export_keyless(mw_ctx_t *ctx, void *addr, size_t len, struct mw__export *e)
+{
+    int rc = mw__mem_held(ctx, addr, len);
+    if (rc < 0)
+        return rc == -EINVAL ? -EFAULT : rc;
+    uint32_t rkey = 0;
+    while (!rkey)
+        if (getrandom(&rkey, sizeof rkey, 0) != sizeof rkey && errno != EINTR)
+            return -errno;
+    stand(ctx, e, NULL, rkey, addr, len);
+    return 0;
 }
 
 int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e)
 {
+    if (!pd)
+        return export_keyless(ctx, addr, len, e);
     int rc = mw__mem_dev_keys(ctx, pd->dev, addr, len, NULL, NULL);
     if (rc < 0)
         return rc;                /* not registered memory: -EFAULT */
@@ -36,7 +57,7 @@ int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t le
     if (!mr)
         return errno ? -errno : -ENOMEM;
     ctx->stats.registrations++;
-    stand(ctx, e, mr, addr, len);
+    stand(ctx, e, mr, mr->rkey, addr, len);
     return 0;
 }
 
@@ -81,7 +102,7 @@ static void export_done(struct mw__job *jb)
     if (j->e) {
         j->e->pending = NULL;
         if (!err)
-            stand(ctx, j->e, j->mr, j->addr, j->len);
+            stand(ctx, j->e, j->mr, j->mr->rkey, j->addr, j->len);
     }
     mw__pd_unhold(ctx, j->pd);
     j->done(j->arg, err);
@@ -91,7 +112,7 @@ static void export_done(struct mw__job *jb)
 int mw__export_new_async(mw_ctx_t *ctx, struct mw__pd *pd, void *addr, size_t len,
                          struct mw__export *e, void (*done)(void *arg, int err), void *arg)
 {
-    if (len <= MW__REG_ASYNC_BYTES)
+    if (len <= MW__REG_ASYNC_BYTES || !pd)
         return mw__export_new(ctx, pd, addr, len, e);
     uint64_t region = mw__mem_region_id(ctx, pd->dev, addr, len);
     if (!region)
@@ -120,9 +141,12 @@ void mw__export_withdraw(mw_ctx_t *ctx, struct mw__export *e)
         e->pending = NULL;
         return;
     }
+    if (!e->standing)
+        return;
+    e->standing = false;
+    mw__list_del(&e->link);
     if (!e->mr)
         return;
-    mw__list_del(&e->link);
     ibv_dereg_mr(e->mr);
     e->mr = NULL;
     ctx->stats.deregistrations++;

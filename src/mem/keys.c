@@ -169,7 +169,7 @@ static int find(struct mw__mem *m, const struct mw__dev *dev, const void *addr, 
         r = mw__rindex_find(&m->user_ix, start, end);
     }
     *rp = r;
-    return r && r->keys[dev->index].handle ? 0 : -EFAULT;   /* or not yet on this device */
+    return r && (!dev || r->keys[dev->index].handle) ? 0 : -EFAULT;   /* or not yet on @dev */
 }
 
 uint64_t mw__mem_epoch(mw_ctx_t *ctx)
@@ -187,13 +187,16 @@ void mw__mem_sync(mw_ctx_t *ctx)
         mw__regcache_sync(mw__mem_of(ctx));
 }
 
-/* The live region holding [addr, addr+len) with keys of @dev: 0 with *@rp
- * set, -ENODEV (@dev not added), or find()'s errors. */
+/* The live region holding [addr, addr+len) with keys of @dev (NULL: any
+ * region, device or not): 0 with *@rp set, -ENODEV (@dev not added), or
+ * find()'s errors. */
 static int dev_region(mw_ctx_t *ctx, const struct mw__dev *dev, const void *addr, size_t len,
                       struct mw__region **rp)
 {
     struct mw__mem *m = mw__mem_of(ctx);
-    if (!m || !mw__registrar_has(&m->rg, dev))
+    if (!m)
+        return dev ? -ENODEV : -EFAULT;   /* nothing was ever registered */
+    if (dev && !mw__registrar_has(&m->rg, dev))
         return -ENODEV;
     return find(m, dev, addr, len, rp);
 }
@@ -217,6 +220,12 @@ uint64_t mw__mem_region_id(mw_ctx_t *ctx, const struct mw__dev *dev, const void 
 {
     struct mw__region *r;
     return dev_region(ctx, dev, addr, len, &r) < 0 ? 0 : r->id;
+}
+
+int mw__mem_held(mw_ctx_t *ctx, const void *addr, size_t len)
+{
+    struct mw__region *r;
+    return dev_region(ctx, NULL, addr, len, &r);
 }
 
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,

@@ -9,6 +9,7 @@
 #ifndef MW_MEM_MEM_H
 #define MW_MEM_MEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,12 @@ int mw__reg_async(mw_ctx_t *ctx, void *addr, size_t len, mw_mr_t **mrp,
 int mw__mem_keys(mw_ctx_t *ctx, const struct mw__pd *pd, const void *addr, size_t len,
                  uint32_t *lkey);
 
+/* mw__mem_held() - whether [addr, addr+len) lies inside one region of
+ * registered memory (mw_alloc, mw_reg), devices or none: what a transport
+ * without a device checks in place of keys.  0, -EFAULT, or -EINVAL (an
+ * empty or wrapping range). */
+int mw__mem_held(mw_ctx_t *ctx, const void *addr, size_t len);
+
 /* mw__mem_epoch() - a number that changes whenever registered memory goes
  * away (a region leaves the lookup): keys looked up under one epoch hold
  * for as long as it lasts.  Prepared transfer lists look their keys up
@@ -80,7 +87,8 @@ void mw__mem_sync(mw_ctx_t *ctx);
  * every export over it first, so a key a peer holds never reaches memory
  * handed out again. */
 struct mw__export {
-    struct ibv_mr *mr;            /* NULL until standing, and once withdrawn */
+    struct ibv_mr *mr;            /* the registration (NULL without a device) */
+    bool standing;                /* until withdrawn */
     uintptr_t start, end;
     uint32_t rkey;                /* what the peer was given (kept after) */
     struct mw__list link;         /* in the memory layer's list while standing */
@@ -88,8 +96,11 @@ struct mw__export {
 };
 
 /* mw__export_new() - register [addr, addr+len) of registered memory for
- * remote access in @pd (the connection's own) into @e.  Return 0, -EFAULT
- * (not memory from mw_alloc or mw_reg), or the device's error. */
+ * remote access in @pd (the connection's own) into @e.  With @pd NULL (a
+ * connection without a device) nothing is registered: the key is random,
+ * and the transport that executes the peer's requests checks each against
+ * the exports standing (lqp.h).  Return 0, -EFAULT (not memory from
+ * mw_alloc or mw_reg), or the device's error. */
 int mw__export_new(mw_ctx_t *ctx, const struct mw__pd *pd, void *addr, size_t len,
                    struct mw__export *e);
 /* mw__export_new_async() - mw__export_new() without stalling the loop: a

@@ -5,6 +5,8 @@
 #ifndef MW_TEST_RXE_UTIL_H
 #define MW_TEST_RXE_UTIL_H
 
+#include <stdbool.h>
+
 #include <rdma/rdma_cma.h>
 
 #include "core/cq.h"
@@ -26,6 +28,9 @@
 /* rxe_require() - exit 77 (skip) unless an RDMA device exists and
  * MW_ADDRS names at least @n addresses; fills @addrs (static strings). */
 void rxe_require(int n, const char **addrs);
+/* rxe_over_tcp() - whether the tests run over TCP (MW_TRANSPORT=tcp): no
+ * RDMA device needed, addresses on loopback unless MW_ADDRS says. */
+bool rxe_over_tcp(void);
 
 struct qp_pair {
     struct rdma_event_channel *ch;
