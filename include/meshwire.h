@@ -580,14 +580,48 @@ typedef struct mw_conn_opts {
                                    rejected: what whoever can reach the
                                    listener can make it hold.  0 (the
                                    default): no limit; up to 65536 */
-    mw_transport_t transport; /**< MW_TRANSPORT_AUTO (default) or
-                                   MW_TRANSPORT_RDMA; the environment's
-                                   MW_TRANSPORT=rdma forces RDMA for every
-                                   connection (MW_TRANSPORT=auto: as the
-                                   option says; another value fails
-                                   mw_connect and mw_listen -EINVAL).
+    mw_transport_t transport; /**< MW_TRANSPORT_AUTO (default),
+                                   MW_TRANSPORT_RDMA or MW_TRANSPORT_TCP;
+                                   the environment's MW_TRANSPORT=rdma or
+                                   =tcp forces that for every connection
+                                   (MW_TRANSPORT=auto: as the option says;
+                                   another value fails mw_connect and
+                                   mw_listen -EINVAL).
                                    Both ends must allow the same-host path
                                    for a connection to take it.
+
+                                   TCP: where this host has no RDMA
+                                   (rdma_cm cannot be opened; logged once)
+                                   auto means TCP, and so does
+                                   MW_TRANSPORT_TCP anywhere; RDMA asked
+                                   for fails there, -ENODEV.  Both ends
+                                   must be on TCP: a listener takes one
+                                   transport.  The connection is set up
+                                   over the socket (the same handshake,
+                                   limits and refusals as over rdma_cm),
+                                   which then carries everything, payloads
+                                   included, and the peer's loop executes
+                                   one-sided requests against its exports,
+                                   as on the same-host path below: order,
+                                   flow control, deadlines, cancels and
+                                   -EACCES are kept, and nothing of this
+                                   process's memory is ever in the peer's
+                                   reach but through its requests, so a
+                                   failure flushes at once.  Requests that
+                                   reached the peer before the failure are
+                                   still executed there, as a device
+                                   executes what reached it before a
+                                   disconnect.  Nothing is pinned
+                                   (RLIMIT_MEMLOCK does not matter).  The
+                                   kernel answers for a peer outside its
+                                   loop; a peer host gone silent is cut by
+                                   TCP's keepalive and user timeout, within
+                                   about keepalive_ms.  A TCP peer is
+                                   authenticated no better than an rdma_cm
+                                   one: whoever reaches the port may
+                                   connect (max_accepting, max_conns bound
+                                   what it holds), and an export's key is
+                                   a random 32-bit number.
 
                                    The same-host path: when both processes
                                    run on one host -- the same boot, network
@@ -957,7 +991,8 @@ MW_EXTERN int mw_conn_abort(mw_conn_t *c);
 typedef struct mw_conn_stats {
     char local[80];           /**< local address:port */
     char remote[80];          /**< peer address:port */
-    char device[64];          /**< the local RDMA device carrying it */
+    char device[64];          /**< the local RDMA device carrying it (over
+                                   TCP: the network interface) */
     uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received;
     uint64_t writes, reads, imms_received, rdma_bytes;
     uint64_t credit_waits;    /**< times a send waited for the peer's credits */

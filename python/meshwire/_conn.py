@@ -232,7 +232,8 @@ class Connection:
 
     def stats(self) -> dict:
         """The connection's counters and addresses (mw_conn_stats) by name;
-        transport is "rdma" (the NIC) or "local" (the same-host path)."""
+        transport is "rdma" (the NIC), "local" (the same-host path) or
+        "tcp"."""
         st = ffi.new(T.conn_stats_p)
         check(lib.mw_conn_stats(self._live(), st), "mw_conn_stats")
         out = fields(st)

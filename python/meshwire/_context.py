@@ -26,7 +26,8 @@ Bufferable = Any   # anything with the buffer protocol: bytes, bytearray, numpy 
 
 # Options whose values have names: given as the name (or the C constant).
 _NAMED = {
-    "transport": {"auto": lib.MW_TRANSPORT_AUTO, "rdma": lib.MW_TRANSPORT_RDMA},
+    "transport": {"auto": lib.MW_TRANSPORT_AUTO, "rdma": lib.MW_TRANSPORT_RDMA,
+                  "tcp": lib.MW_TRANSPORT_TCP},
     "log_level": {"error": lib.MW_LOG_ERROR, "warn": lib.MW_LOG_WARN,
                   "info": lib.MW_LOG_INFO, "debug": lib.MW_LOG_DEBUG},
 }
@@ -47,7 +48,7 @@ _RANGES = {
 }
 
 TRANSPORTS = {lib.MW_TRANSPORT_AUTO: "auto", lib.MW_TRANSPORT_RDMA: "rdma",
-              lib.MW_TRANSPORT_LOCAL: "local"}
+              lib.MW_TRANSPORT_LOCAL: "local", lib.MW_TRANSPORT_TCP: "tcp"}
 
 
 def _named(kind: str, name: str, value: Any) -> Any:
@@ -224,7 +225,8 @@ class Context:
         Connection, or ConnectionRefusedError, TimeoutError...  Keyword
         options are mw_conn_opts_t's, by name: timeout_ms=2000,
         transport="rdma" (the NIC even when the peer is a process of this
-        host; "auto", the default, takes the same-host path there)..."""
+        host; "auto", the default, takes the same-host path there, and TCP
+        on a host without RDMA; "tcp": TCP whatever the host has)..."""
         from ._conn import Connection
         o = ffi.new(T.conn_opts_p)
         lib.mw_conn_opts_init(o)

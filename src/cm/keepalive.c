@@ -16,7 +16,14 @@
  * model load, a long forward pass) would be declared dead alive.  There
  * the peer's liveness is its process's -- its pidfd and its socket's end,
  * watched in the reactor (lqp.c) -- so no probe goes out, and the timer
- * runs only for the credit deadline. */
+ * runs only for the credit deadline.
+ *
+ * Over TCP the peer's kernel answers for it, as a NIC does: its
+ * acknowledgements (of data, of keepalive and zero-window probes) go on
+ * while its process is outside its loop.  A host gone silent is found by
+ * the transport's silent_ms -- how long nothing was acknowledged while
+ * something waited for it -- at each tick, and the kernel's keepalive
+ * finds one while nothing is in flight. */
 #include <errno.h>
 
 #include <event2/event.h>
@@ -91,6 +98,12 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
     if (!waiting(c))
         return;
     if (!c->path.tp->probes) {             /* liveness is the process's (above) */
+        unsigned silent = c->path.tp->silent_ms ? c->path.tp->silent_ms(c) : 0;
+        if (silent > 2 * c->opts.keepalive_ms) {
+            mw__conn_fail(c, -ETIMEDOUT, "peer not responding (its host acknowledged nothing "
+                          "for %u ms)", silent);
+            return;
+        }
         mw__keepalive_arm(c);
         return;
     }
@@ -109,7 +122,8 @@ static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
 
 void mw__keepalive_arm(struct mw__conn *c)
 {
-    if (!waiting(c) || !mw__conn_usable(c) || (!c->path.tp->probes && !c->flow.wait_since))
+    if (!waiting(c) || !mw__conn_usable(c) ||
+        (!c->path.tp->probes && !c->path.tp->silent_ms && !c->flow.wait_since))
         return;
     if (!c->keepalive.probe_ev && !(c->keepalive.probe_ev = evtimer_new(c->ctx->base, on_probe_timer, c)))
         return;

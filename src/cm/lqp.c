@@ -37,10 +37,11 @@
  * before it succeeded) and that it executes no more.
  *
  * The end.  A side that fails (its connection failed, aborted, closed)
- * shuts its socket for writing: the peer executes none of its requests
- * once it sees that -- the wake-up's EV_CLOSED, or poll()'s POLLRDHUP,
- * asked right before every cross-memory copy -- and answers by shutting
- * its own, after the answers it owes.  Only the peer's end (or its
+ * shuts its socket for writing: a same-host peer executes none of its
+ * requests once it sees that -- the wake-up's EV_CLOSED, or poll()'s
+ * POLLRDHUP, asked right before every cross-memory copy -- and answers by
+ * shutting its own, after the answers it owes.  (A stream's peer executes
+ * the requests that came before the end: their bytes are in the stream.)  Only the peer's end (or its
  * process's exit, from a pidfd) tells the failing side that nobody will
  * touch the memory its unanswered requests name: their completions wait
  * for it, as a device's flushes wait for the queue pair to stop, up to
@@ -1210,4 +1211,9 @@ bool mw__lqp_peer_done(const struct mw__lqp *q)
 pid_t mw__lqp_peer(const struct mw__lqp *q)
 {
     return q ? q->peer : 0;
+}
+
+int mw__lqp_fd(const struct mw__lqp *q)
+{
+    return q && !q->ended ? q->fd : -1;
 }

@@ -81,8 +81,10 @@ int mw__lqp_attach(struct mw__lqp *q, int fd, pid_t peer, int pidfd, const uint8
 /* mw__lqp_attach_stream() - carry @q over connected stream socket @fd
  * (TCP) to a peer anywhere: every payload moves in the stream, a read's
  * data comes back in it, and the peer never reaches this process's memory
- * but through its requests, executed here against ops->access.  @fd is
- * taken, as by mw__lqp_attach.  Before anything is posted (else -EINVAL). */
+ * but through its requests, executed here against ops->access.  So a
+ * failure flushes at once, and the peer's requests that came before its
+ * end are executed, as a device executes what reached it.  @fd is taken,
+ * as by mw__lqp_attach.  Before anything is posted (else -EINVAL). */
 int mw__lqp_attach_stream(struct mw__lqp *q, int fd, const uint8_t *first);
 
 /* The rendezvous's records (local.c): mw__lqp_hello() encodes a HELLO
@@ -126,6 +128,9 @@ void mw__lqp_free(struct mw__lqp *q);
 /* mw__lqp_peer_done() - whether everything the peer will ever send was
  * read (its end, or its process's exit): no answer is still to come. */
 bool mw__lqp_peer_done(const struct mw__lqp *q);
+
+/* mw__lqp_fd() - the socket @q runs on, -1 before attach or after its end. */
+int mw__lqp_fd(const struct mw__lqp *q);
 
 /* mw__lqp_peer() - the peer's process id, 0 before attach. */
 pid_t mw__lqp_peer(const struct mw__lqp *q);

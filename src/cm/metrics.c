@@ -2,6 +2,7 @@
  * many are up, by path, and each established one's counters, labelled by
  * its addresses, device and path. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "cm/cm.h"
 #include "core/metrics.h"
@@ -26,9 +27,13 @@ static bool up(const struct mw__conn *c)
     return c->state == MW__CONN_ESTABLISHED || c->state == MW__CONN_CLOSING;
 }
 
+/* The paths, by mw_transport_t, as the "path" label says them. */
+static const char *const paths[] = {
+    [MW_TRANSPORT_RDMA] = "rdma", [MW_TRANSPORT_LOCAL] = "local", [MW_TRANSPORT_TCP] = "tcp"};
+
 static const char *path_of(const struct mw__conn *c)
 {
-    return c->stats.transport == MW_TRANSPORT_LOCAL ? "local" : "rdma";
+    return paths[c->stats.transport];
 }
 
 static void labels_of(const struct mw__conn *c, struct mw__labels *l)
@@ -43,14 +48,19 @@ static void labels_of(const struct mw__conn *c, struct mw__labels *l)
 
 static void connections_up(struct mw__cm *cm, struct mw__metrics *m)
 {
-    uint64_t n[2] = {0, 0};
+    uint64_t n[sizeof paths / sizeof *paths] = {0};
     struct mw__conn *c;
     mw__list_for_each(c, &cm->conns, link)
         if (up(c))
-            n[c->stats.transport == MW_TRANSPORT_LOCAL]++;
+            n[c->stats.transport]++;
     mw__metrics_family(m, "meshwire_connections", "gauge", "Connections established, by path.");
-    mw__metrics_sample(m, "meshwire_connections", "path=\"rdma\"", n[0]);
-    mw__metrics_sample(m, "meshwire_connections", "path=\"local\"", n[1]);
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        char label[32];
+        if (!paths[i])
+            continue;
+        snprintf(label, sizeof label, "path=\"%s\"", paths[i]);
+        mw__metrics_sample(m, "meshwire_connections", label, n[i]);
+    }
 }
 
 void mw__cm_metrics(mw_ctx_t *ctx, void *state, struct mw__metrics *m)

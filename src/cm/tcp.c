@@ -18,6 +18,7 @@
  * peer host that goes silent is cut by TCP's user timeout and keepalive
  * (keepalive_ms), as a closed socket is by its end. */
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -52,18 +53,19 @@ struct mw__tcp_setup {
 
 /* --- the socket ------------------------------------------------------------ */
 
-/* Small records go out at once; a silent peer host is cut within about
- * @keepalive_ms whether data waits for its acknowledgement or not. */
+/* Small records go out at once; an idle connection's silent peer host is
+ * cut by the kernel's keepalive within about twice @keepalive_ms.  (Not
+ * TCP_USER_TIMEOUT: it also cuts a peer whose window stays shut, i.e. a
+ * live process outside its loop -- seen after 7 s of a 15 s stop.  While
+ * data waits, silent_ms watches the acknowledgements instead.) */
 static void tune(int fd, unsigned keepalive_ms)
 {
-    int one = 1, secs = (int)((keepalive_ms + 2999) / 3000), cnt = 3;
-    unsigned user_ms = keepalive_ms;
+    int one = 1, secs = (int)((keepalive_ms + 999) / 1000), cnt = 2;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &secs, sizeof secs);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &secs, sizeof secs);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
 /* A record out, whole: the socket is fresh, its buffer takes it. */
@@ -114,7 +116,8 @@ static void on_socket(evutil_socket_t fd, short what, void *arg)
     t->step(t->c);
 }
 
-/* Wait for @fd to be ready for @what, then run @step. */
+/* Wait for @fd to be ready for @what, then run @step (mw_ctx_fd() wakes
+ * for it too). */
 static int await(struct mw__tcp_setup *t, short what, void (*step)(struct mw__conn *c))
 {
     if (t->ev)
@@ -123,27 +126,63 @@ static int await(struct mw__tcp_setup *t, short what, void (*step)(struct mw__co
     if (!(t->ev = event_new(t->c->ctx->base, t->fd, what | EV_PERSIST, on_socket, t)))
         return -ENOMEM;
     event_add(t->ev, NULL);
+    mw__watch_fd_out(t->c->ctx, t->fd, what & EV_WRITE);
     return 0;
+}
+
+/* The network interface holding local address @a, into @name ("" if none
+ * does): what mw_conn_stats() says carries a TCP connection. */
+static void interface_of(const struct sockaddr *a, char *name, size_t cap)
+{
+    struct ifaddrs *ifa;
+    name[0] = '\0';
+    if (getifaddrs(&ifa) < 0)
+        return;
+    for (const struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+        const struct sockaddr *x = i->ifa_addr;
+        if (!x || x->sa_family != a->sa_family || !i->ifa_name)
+            continue;
+        bool same = a->sa_family == AF_INET
+                        ? ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+                              ((const struct sockaddr_in *)a)->sin_addr.s_addr
+                        : !memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+                                  &((const struct sockaddr_in6 *)a)->sin6_addr,
+                                  sizeof(struct in6_addr));
+        if (same) {
+            snprintf(name, cap, "%.*s", (int)strcspn(i->ifa_name, ":"), i->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(ifa);
+}
+
+/* @c's addresses and interface, as its socket @fd has them. */
+static void names(struct mw__conn *c, int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
+        mw__addr_str((struct sockaddr *)&a, c->stats.local, sizeof c->stats.local);
+        interface_of((struct sockaddr *)&a, c->stats.device, sizeof c->stats.device);
+    }
+    len = sizeof a;
+    if (getpeername(fd, (struct sockaddr *)&a, &len) == 0)
+        mw__addr_str((struct sockaddr *)&a, c->stats.remote, sizeof c->stats.remote);
 }
 
 /* @c sets up over @fd (taken, closed on failure too): 0 or -ENOMEM. */
 static int setup_new(struct mw__conn *c, int fd)
 {
     struct mw__tcp_setup *t = mw__calloc(1, sizeof *t);
-    if (!t) {
+    if (!t || mw__watch_fd(c->ctx, fd) < 0) {
+        mw__free(t);
         close(fd);
         return -ENOMEM;
     }
     *t = (struct mw__tcp_setup){.c = c, .fd = fd};
     c->setup->tcp = t;
     tune(fd, c->opts.keepalive_ms);
-    struct sockaddr_storage a;
-    socklen_t len = sizeof a;
-    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        mw__addr_str((struct sockaddr *)&a, c->stats.local, sizeof c->stats.local);
-    len = sizeof a;
-    if (getpeername(fd, (struct sockaddr *)&a, &len) == 0)
-        mw__addr_str((struct sockaddr *)&a, c->stats.remote, sizeof c->stats.remote);
+    names(c, fd);
     return 0;
 }
 
@@ -154,17 +193,21 @@ void mw__tcp_setup_drop(struct mw__conn *c)
         return;
     if (t->ev)
         event_free(t->ev);
-    if (t->fd >= 0)
+    if (t->fd >= 0) {
+        mw__unwatch_fd(c->ctx, t->fd);
         close(t->fd);
+    }
     mw__free(t);
     c->setup->tcp = NULL;
 }
 
-/* The socket goes to the queue pair: the setup is over. */
+/* The socket goes to the queue pair (which watches it itself): the setup
+ * is over. */
 static int hand_to_the_queue_pair(struct mw__conn *c)
 {
     struct mw__tcp_setup *t = c->setup->tcp;
     int fd = t->fd;
+    mw__unwatch_fd(c->ctx, fd);
     t->fd = -1;
     mw__tcp_setup_drop(c);
     return mw__lqp_attach_stream(c->path.lqp, fd, NULL);
@@ -242,6 +285,21 @@ static void tcp_settle(struct mw__conn *c, uint64_t until_ms)
         mw__lqp_settle(c->path.lqp, until_ms);
 }
 
+/* The kernel's word on the peer's host: ms since it last acknowledged
+ * anything (data, a window or keepalive probe), once a retransmission
+ * timed out or a window probe went unanswered since; else 0.  (Data
+ * merely unacknowledged says nothing: after a quiet while, the last
+ * acknowledgement is old when new data has just left.) */
+static unsigned tcp_silent_ms(const struct mw__conn *c)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    int fd = c->path.lqp ? mw__lqp_fd(c->path.lqp) : -1;
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+        return 0;
+    return ti.tcpi_retransmits || ti.tcpi_probes ? ti.tcpi_last_ack_recv : 0;
+}
+
 static void tcp_release(struct mw__conn *c)
 {
     mw__lqp_free(c->path.lqp);
@@ -250,9 +308,10 @@ static void tcp_release(struct mw__conn *c)
 
 const struct mw__transport mw__transport_tcp = {
     .kind = MW_TRANSPORT_TCP,
-    .via = "TCP",
+    .via = " over TCP",
     .probes = false,
     .reads = TCP_READS,
+    .silent_ms = tcp_silent_ms,
     .post_send = tcp_post_send,
     .post_recv = tcp_post_recv,
     .take_now = tcp_take_now,
@@ -305,10 +364,7 @@ static void on_connected(struct mw__conn *c)
                                    "%s", mw_strerror(-err));
         return;
     }
-    struct sockaddr_storage a;
-    socklen_t len = sizeof a;
-    if (getsockname(t->fd, (struct sockaddr *)&a, &len) == 0)
-        mw__addr_str((struct sockaddr *)&a, c->stats.local, sizeof c->stats.local);
+    names(c, t->fd);              /* connected: the local address is known now */
     char why[160];
     int rc = mw__conn_setup_qp(c, why, sizeof why);
     uint8_t hello[MW__HELLO_LEN];
@@ -421,6 +477,10 @@ int mw__tcp_listen(struct mw__listener *l, const struct sockaddr_storage *sa)
         close(fd);
         return err;
     }
+    if (mw__watch_fd(l->ctx, fd) < 0) {
+        close(fd);
+        return -ENOMEM;
+    }
     l->fd = fd;
     if (!(l->ev = event_new(l->ctx->base, fd, EV_READ | EV_PERSIST, on_acceptable, l))) {
         mw__tcp_unlisten(l);
@@ -444,7 +504,9 @@ void mw__tcp_unlisten(struct mw__listener *l)
     if (l->ev)
         event_free(l->ev);
     l->ev = NULL;
-    if (l->fd >= 0)
+    if (l->fd >= 0) {
+        mw__unwatch_fd(l->ctx, l->fd);
         close(l->fd);
+    }
     l->fd = -1;
 }

@@ -26,6 +26,9 @@ struct mw__transport {
                                      the transport itself */
     unsigned reads;               /* one-sided reads in flight; 0: as the
                                      queue pair negotiated */
+    /* without probes: how long the peer's host has acknowledged nothing
+     * while something waited for it, in ms (NULL: not known) */
+    unsigned (*silent_ms)(const struct mw__conn *c);
     /* as ibv_post_send / ibv_post_recv */
     int (*post_send)(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
     int (*post_recv)(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);

@@ -995,18 +995,27 @@ static void malformed_handshakes_are_rejected_and_counted(void **state)
 
 /* --- a peer killed mid-transfer ------------------------------------------ */
 
+/* A child's connection to @addr:@port in a context of its own (*@ctx), or
+ * NULL. */
+static mw_conn_t *child_connect(const char *addr, int port, mw_ctx_t **ctx)
+{
+    if (mw_ctx_new(ctx, NULL, NULL))
+        return NULL;
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", addr, port);
+    mw_future_t *f = mw_connect(*ctx, a, NULL);
+    mw_conn_t *c = mw_wait(f) ? NULL : mw_future_value(f);
+    mw_future_unref(f);
+    return c;
+}
+
 /* Child mode: connect and stream 64 MiB messages until killed. */
 static int streaming_client(const char *addr, int port)
 {
     mw_ctx_t *ctx;
-    if (mw_ctx_new(&ctx, NULL, NULL))
-        return 2;
-    char a[64];
-    snprintf(a, sizeof a, "%s:%d", addr, port);
-    mw_future_t *f = mw_connect(ctx, a, NULL);
-    if (mw_wait(f))
+    mw_conn_t *c = child_connect(addr, port, &ctx);
+    if (!c)
         return 3;
-    mw_conn_t *c = mw_future_value(f);
     size_t n = 64u << 20;
     uint8_t *b = calloc(1, n);
     for (;;) {
@@ -1017,15 +1026,226 @@ static int streaming_client(const char *addr, int port)
     }
 }
 
+/* Child mode: connect, say so, stay outside the loop for @secs s (a model
+ * load), then take every message that came meanwhile and answer how many
+ * bytes they held. */
+static int napping_peer(const char *addr, int port, int secs)
+{
+    mw_ctx_t *ctx;
+    mw_conn_t *c = child_connect(addr, port, &ctx);
+    if (!c)
+        return 3;
+    mw_future_t *s = mw_send(c, "nap", 4);
+    if (mw_wait(s))
+        return 4;
+    mw_future_unref(s);
+    sleep((unsigned)secs);
+    uint64_t got = 0;
+    for (;;) {
+        mw_future_t *r = mw_recv(c);
+        if (mw_wait(r))
+            return 5;
+        mw_msg_t *m = mw_future_value(r);
+        mw_future_unref(r);
+        bool end = m->len == 4 && !memcmp(m->data, "end", 4);
+        got += end ? 0 : m->len;
+        mw_msg_free(m);
+        if (end)
+            break;
+    }
+    s = mw_send(c, &got, sizeof got);
+    int rc = mw_wait(s) ? 6 : 0;
+    mw_future_unref(s);
+    mw_wait(mw_conn_close(c));
+    mw_ctx_free(ctx);
+    return rc;
+}
+
+/* A new context with a server (*@ctx, @s), and a child in @mode (with
+ * @arg) connected to it: the child's pid. */
+static pid_t server_and_child(mw_ctx_t **ctx, struct rxe_server *s, const char *mode,
+                              const char *arg)
+{
+    assert_int_equal(mw_ctx_new(ctx, NULL, NULL), 0);
+    rxe_server_start(s, *ctx, "*", NULL);
+    pid_t pid = spawn_self(mode, addrs[1], s->port, arg);
+    rxe_wait_accepted(s, 1);
+    return pid;
+}
+
+/* A peer outside its loop for 15 s is not dead: messages sent to it
+ * meanwhile (more than its credits and its socket hold) wait, and all
+ * arrive once it runs again.  On a device its NIC answers for it; over
+ * TCP its kernel does (acknowledging the window probes of a shut window:
+ * TCP_USER_TIMEOUT would cut that connection, seen after 7 s). */
+static void a_peer_outside_its_loop_for_15_s_is_not_dead(void **state)
+{
+    (void)state;
+    mw_ctx_t *ctx;
+    struct rxe_server s;
+    pid_t pid = server_and_child(&ctx, &s, "nap", "15");
+    mw_msg_t *m = rxe_recv(s.conns[0], 10000);
+    mw_msg_free(m);
+    size_t n = 4u << 20;
+    uint8_t *b = calloc(1, n);
+    uint64_t sent = 0;
+    double t0 = now_s();
+    while (now_s() - t0 < 17) {        /* into its nap and out of it */
+        mw_future_t *f = mw_send(s.conns[0], b, n);
+        int rc = mw_wait(f);
+        if (rc)
+            fail_msg("a send %.1f s into the peer's nap: %s", now_s() - t0,
+                     mw_future_message(f));
+        mw_future_unref(f);
+        sent += n;
+    }
+    mw_future_t *f = mw_send(s.conns[0], "end", 4);
+    assert_int_equal(mw_wait(f), 0);
+    mw_future_unref(f);
+    m = rxe_recv(s.conns[0], 30000);
+    uint64_t got;
+    assert_int_equal(m->len, sizeof got);
+    memcpy(&got, m->data, sizeof got);
+    mw_msg_free(m);
+    printf("peer outside its loop for 15 s: %.0f MiB sent over 17 s, all of it taken after\n",
+           sent / 1048576.0);
+    free(b);
+    assert_int_equal(got, sent);
+    assert_int_equal(loop_until_exit(ctx, pid), 0);
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
+/* --- a peer host gone silent, over TCP ------------------------------------ */
+
+/* A host of its own for the peer: network namespace mwsilent, joined to
+ * this one by a veth pair on 10.78.0.0/24 (.1 here, .2 there).  Taking
+ * the far end's link down makes that host silent: nothing it sends or
+ * answers arrives, as when a host hangs or its cable is pulled. */
+#define SILENT_NS "mwsilent"
+#define SILENT_HOST "10.78.0.2"
+
+static void silent_host_drop(void)
+{
+    if (system("ip netns del " SILENT_NS " 2>/dev/null; ip link del mwsv0 2>/dev/null")) {
+    }                             /* (absent already: fine) */
+}
+
+static bool silent_host_make(void)
+{
+    silent_host_drop();
+    return system("ip netns add " SILENT_NS " && ip link add mwsv0 type veth peer name mwsv1 && "
+                  "ip link set mwsv1 netns " SILENT_NS " && ip addr add 10.78.0.1/24 dev mwsv0 && "
+                  "ip link set mwsv0 up && ip netns exec " SILENT_NS " ip addr add "
+                  SILENT_HOST "/24 dev mwsv1 && ip netns exec " SILENT_NS
+                  " ip link set mwsv1 up") == 0;
+}
+
+/* Child mode (in the namespace): accept one connection and take every
+ * message, until killed. */
+static int sink_server(int port)
+{
+    mw_ctx_t *ctx;
+    if (mw_ctx_new(&ctx, NULL, NULL))
+        return 2;
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", SILENT_HOST, port);
+    mw_listener_t *l;
+    mw_conn_t *c = NULL;
+    if (mw_listen(ctx, a, NULL, rxe_keep_first, &c, &l))
+        return 3;
+    while (!c)
+        loop_for(ctx, 10);
+    for (;;) {
+        mw_future_t *r = mw_recv(c);
+        if (mw_wait(r))
+            return 4;
+        mw_msg_free(mw_future_value(r));
+        mw_future_unref(r);
+    }
+}
+
+/* Connect to the sink in the namespace (it may still be starting). */
+static mw_conn_t *connect_to_sink(mw_ctx_t *ctx, int port)
+{
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.keepalive_ms = 1000;
+    for (int i = 0; i < 100; i++) {
+        mw_future_t *f = rxe_connect_future(ctx, SILENT_HOST, port, &o);
+        if (mw_wait(f) == 0) {
+            mw_conn_t *c = mw_future_value(f);
+            mw_future_unref(f);
+            return c;
+        }
+        mw_future_unref(f);
+        loop_for(ctx, 50);
+    }
+    fail_msg("cannot reach the sink in namespace " SILENT_NS);
+    return NULL;
+}
+
+/* Over TCP a peer's kernel answers for it, so a peer host that goes
+ * silent is found by what its kernel no longer acknowledges: during a
+ * transfer (retransmissions unanswered), and idle with a receive waiting
+ * (the kernel's keepalive): either way the connection fails -ETIMEDOUT
+ * within a few keepalive_ms (1 s here), and says the peer does not
+ * respond. */
+static void a_silent_peer_host_is_cut_within_the_keepalive(void **state)
+{
+    (void)state;
+    if (!rxe_over_tcp() || geteuid() != 0 || !silent_host_make()) {
+        silent_host_drop();
+        printf("SKIP: over TCP, as root, with ip netns and veth\n");
+        skip();
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    uint8_t *b = calloc(1, 1 << 20);
+    for (int busy = 1; busy >= 0; busy--) {
+        int port = 7000 + busy;
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        pid_t pid;
+        char *argv[] = {"ip", "netns", "exec", SILENT_NS, self_path, "sink", "-", ps, "-", NULL};
+        assert_int_equal(posix_spawnp(&pid, "ip", NULL, NULL, argv, environ), 0);
+        mw_conn_t *c = connect_to_sink(ctx, port);
+        mw_future_t *pending = busy ? NULL : mw_recv(c);
+        loop_for(ctx, 300);
+        assert_int_equal(system("ip netns exec " SILENT_NS " ip link set mwsv1 down"), 0);
+        double t0 = now_s();
+        int rc = 0;
+        while (!rc && now_s() - t0 < 20) {
+            mw_future_t *f = busy ? mw_send(c, b, 1 << 20) : mw_future_ref(pending);
+            mw_future_set_timeout(f, 20000);          /* a backstop only */
+            rc = mw_wait(f);
+            if (rc)
+                printf("%s, the peer's host silent: failed after %.1f s: %s\n",
+                       busy ? "sending" : "idle with a receive waiting", now_s() - t0,
+                       mw_future_message(f));
+            mw_future_unref(f);
+        }
+        if (pending)
+            mw_future_unref(pending);
+        double took = now_s() - t0;
+        assert_int_equal(rc, -ETIMEDOUT);
+        assert_true(took < 6);
+        mw_conn_abort(c);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        assert_int_equal(system("ip netns exec " SILENT_NS " ip link set mwsv1 up"), 0);
+    }
+    free(b);
+    mw_ctx_free(ctx);
+    silent_host_drop();
+}
+
 static void killed_peer_fails_pending_work_in_bounded_time(void **state)
 {
     (void)state;
     mw_ctx_t *ctx;
     struct rxe_server s;
-    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
-    rxe_server_start(&s, ctx, "*", NULL);
-    pid_t pid = spawn_self("stream", addrs[1], s.port, "-");
-    rxe_wait_accepted(&s, 1);
+    pid_t pid = server_and_child(&ctx, &s, "stream", "-");
     mw_future_t *first = mw_recv(s.conns[0]);
     assert_int_equal(mw_wait(first), 0);               /* data is flowing */
     mw_msg_free(mw_future_value(first));
@@ -1059,6 +1279,10 @@ int main(int argc, char **argv)
         return raw_client(argv[2], atoi(argv[3]), argv[4]);
     if (argc == 5 && !strcmp(argv[1], "stream"))
         return streaming_client(argv[2], atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "nap"))
+        return napping_peer(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 5 && !strcmp(argv[1], "sink"))
+        return sink_server(atoi(argv[3]));
     setvbuf(stdout, NULL, _IOLBF, 0);   /* progress shows even if killed */
     if (getenv("MW_TEST_FILTER"))         /* e.g. MW_TEST_FILTER='*order*' */
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
@@ -1084,6 +1308,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(retry_options_reach_the_queue_pairs),
         cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
+        cmocka_unit_test(a_peer_outside_its_loop_for_15_s_is_not_dead),
+        cmocka_unit_test(a_silent_peer_host_is_cut_within_the_keepalive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
