@@ -47,7 +47,11 @@ double lateness_bound_ms(double ms)
     if (p && strstr(p, "vgpreload"))
         return 300;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    return 3 * ms;
+    /* 3x was too little: the directory's stranger test (1 GiB share, 200
+     * connections, over RDMA in the VM) saw its longest turn at 22-75 ms of
+     * CPU under ASan in 12 runs, where the plain build's are 10-14 ms; 60
+     * failed 2 of 12 runs, before the TCP work as after it. */
+    return 5 * ms;
 #else
     return ms;
 #endif
