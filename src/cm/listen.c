@@ -319,7 +319,6 @@ void mw__listener_incoming_tcp(struct mw__listener *l, int fd)
     c->setup->listener = l;
     c->counted_by = l;
     l->live++;
-    c->setup->peer_rd_depth = c->setup->peer_rd_resources = 0;
     if ((rc = mw__tcp_accepting(c, fd)) < 0) {
         refuse(c, rc, "out of memory");
         return;

@@ -343,8 +343,8 @@ static void on_answer(struct mw__conn *c)
         mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reason);
         return;
     }
-    uint8_t hello[MW__HELLO_LEN];
-    memcpy(hello, body, len < sizeof hello ? len : sizeof hello);
+    uint8_t hello[RECORD_MAX];   /* all of it: the record goes with the setup */
+    memcpy(hello, body, len);
     if ((rc = hand_to_the_queue_pair(c)) < 0) {
         mw__conn_fail(c, rc, "cannot start the connection's queue pair: %s", mw_strerror(rc));
         return;

@@ -26,6 +26,7 @@
 #include <event2/event.h>
 #include <rdma/rdma_cma.h>
 
+#include "cm/wire.h"
 #include "core/resolve.h"
 #include "lateness.h"
 #include "meshwire.h"
@@ -961,6 +962,58 @@ static int loop_until_exit(mw_ctx_t *ctx, pid_t pid)
     return -1;
 }
 
+/* Child mode, over TCP: a server answering any handshake with a record as
+ * long as one can be: a good hello, then 140 bytes of junk. */
+static int hostile_tcp_server(const char *addr, int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    inet_pton(AF_INET, addr, &a.sin_addr);
+    if (bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 4) < 0)
+        return 2;
+    int fd = accept(lfd, NULL, NULL);
+    uint8_t rec[4 + 192] = {0, 0, 0, 192}, in[64];
+    memset(rec + 4, 0x5a, 192);
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .credits = 16, .slot_size = 65536,
+                          .max_msg = 1 << 20};
+    mw__hello_encode(&h, rec + 4, MW__HELLO_LEN);   /* a good hello, then junk */
+    if (fd < 0 || read(fd, in, sizeof in) <= 0 || write(fd, rec, sizeof rec) != sizeof rec)
+        return 3;
+    sleep(5);
+    return 0;
+}
+
+/* The connecting side reads a whole answer, and refuses one longer than a
+ * hello (a hostile or foreign server) without reading past it. */
+static void overlong_answer_is_refused(void **state)
+{
+    (void)state;
+    if (!rxe_over_tcp()) {
+        printf("SKIP: the answer as a record is TCP's\n");
+        skip();
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    int port = 7100 + getpid() % 500;
+    pid_t pid = spawn_self("hostile", addrs[1], port, "-");
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != -EPROTO; i++) {
+        mw_future_t *f = rxe_connect_future(ctx, addrs[1], port, NULL);
+        rc = mw_wait(f);
+        if (rc == -EPROTO)
+            printf("an overlong answer: %s\n", mw_future_message(f));
+        mw_future_unref(f);
+        if (rc != -EPROTO)
+            loop_for(ctx, 50);        /* while the server starts */
+    }
+    assert_int_equal(rc, -EPROTO);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    mw_ctx_free(ctx);
+}
+
 static void malformed_handshakes_are_rejected_and_counted(void **state)
 {
     (void)state;
@@ -1281,6 +1334,8 @@ int main(int argc, char **argv)
         return streaming_client(argv[2], atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "nap"))
         return napping_peer(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 5 && !strcmp(argv[1], "hostile"))
+        return hostile_tcp_server(argv[2], atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "sink"))
         return sink_server(atoi(argv[3]));
     setvbuf(stdout, NULL, _IOLBF, 0);   /* progress shows even if killed */
@@ -1307,6 +1362,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(waiting_receive_survives_keepalive_probes),
         cmocka_unit_test(retry_options_reach_the_queue_pairs),
         cmocka_unit_test(malformed_handshakes_are_rejected_and_counted),
+        cmocka_unit_test(overlong_answer_is_refused),
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
         cmocka_unit_test(a_peer_outside_its_loop_for_15_s_is_not_dead),
         cmocka_unit_test(a_silent_peer_host_is_cut_within_the_keepalive),
