@@ -271,6 +271,18 @@ static int nic_add(struct nic_vec *v, const struct ifaddrs *a, const char *ifnam
     return 0;
 }
 
+/* The netdev getifaddrs entry @a is on, into @ifname: IPv4 alias labels
+ * ("eth0:1") name it before the colon.  False for a name that cannot be. */
+static bool netdev_of(const struct ifaddrs *a, char ifname[IF_NAMESIZE])
+{
+    size_t len = strcspn(a->ifa_name, ":");
+    if (len == 0 || len >= IF_NAMESIZE)
+        return false;
+    memcpy(ifname, a->ifa_name, len);
+    ifname[len] = '\0';
+    return true;
+}
+
 /* One getifaddrs entry: added when it is an IP address on an RDMA netdev. */
 static int consider(struct nic_vec *v, const struct ifaddrs *all, const struct ifaddrs *a,
                     const struct mw__nic_ndev *nd, size_t nnd)
@@ -278,13 +290,9 @@ static int consider(struct nic_vec *v, const struct ifaddrs *all, const struct i
     if (!a->ifa_addr || !a->ifa_name ||
         (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
         return 0;
-    /* IPv4 alias labels ("eth0:1") name their netdev before the colon */
     char ifname[IF_NAMESIZE];
-    size_t len = strcspn(a->ifa_name, ":");
-    if (len == 0 || len >= sizeof(ifname))
+    if (!netdev_of(a, ifname))
         return 0;
-    memcpy(ifname, a->ifa_name, len);
-    ifname[len] = '\0';
     unsigned ifindex = ifindex_of(all, ifname);
     const char *dev = ifindex ? rdma_dev_of(all, ifindex, nd, nnd) : NULL;
     return dev ? nic_add(v, a, ifname, ifindex, dev) : 0;
@@ -336,11 +344,8 @@ static int consider_ip(struct nic_vec *v, const struct ifaddrs *all, const struc
         !(a->ifa_flags & IFF_UP) || !(a->ifa_flags & IFF_LOOPBACK) != !loopback)
         return 0;
     char ifname[IF_NAMESIZE];
-    size_t len = strcspn(a->ifa_name, ":");
-    if (len == 0 || len >= sizeof(ifname))
+    if (!netdev_of(a, ifname))
         return 0;
-    memcpy(ifname, a->ifa_name, len);
-    ifname[len] = '\0';
     return nic_add(v, a, ifname, ifindex_of(all, ifname), "");
 }
 
