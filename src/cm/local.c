@@ -532,51 +532,17 @@ void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)
 
 /* --- the same-host transport ------------------------------------------------- */
 
-static int local_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
-{
-    return mw__lqp_post_send(c->path.lqp, wr, bad);
-}
-
-static int local_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-    return mw__lqp_post_recv(c->path.lqp, wr, bad);
-}
-
 /* The device's completions (the setup's, a probe's) and the channel's. */
 static void local_take_now(struct mw__conn *c)
 {
     mw__transport_rdma.take_now(c);
-    if (c->path.lqp)
-        mw__lqp_take_now(c->path.lqp);
-}
-
-/* The channel ends with the queue pair: the peer executes nothing more. */
-static void local_stop(struct mw__conn *c)
-{
-    if (c->path.lqp)
-        mw__lqp_error(c->path.lqp);
-}
-
-static bool local_peer_done(const struct mw__conn *c)
-{
-    return mw__lqp_peer_done(c->path.lqp);
-}
-
-static bool local_quiescing(const struct mw__conn *c)
-{
-    return mw__lqp_quiescing(c->path.lqp);
-}
-
-static void local_settle(struct mw__conn *c, uint64_t until_ms)
-{
-    mw__lqp_settle(c->path.lqp, until_ms);
+    mw__lqp_path_take_now(c);
 }
 
 static void local_release(struct mw__conn *c)
 {
     local_drop(c);
-    mw__lqp_free(c->path.lqp);
-    c->path.lqp = NULL;
+    mw__lqp_path_release(c);
 }
 
 /* Liveness is the peer process's (its pidfd) and the channel's end: a
@@ -585,12 +551,12 @@ const struct mw__transport mw__transport_local = {
     .kind = MW_TRANSPORT_LOCAL,
     .via = ", data over the same-host path",
     .probes = false,
-    .post_send = local_post_send,
-    .post_recv = local_post_recv,
+    .post_send = mw__lqp_path_post_send,
+    .post_recv = mw__lqp_path_post_recv,
     .take_now = local_take_now,
-    .stop = local_stop,
-    .peer_done = local_peer_done,
-    .quiescing = local_quiescing,
-    .settle = local_settle,
+    .stop = mw__lqp_path_stop,
+    .peer_done = mw__lqp_path_peer_done,
+    .quiescing = mw__lqp_path_quiescing,
+    .settle = mw__lqp_path_settle,
     .release = local_release,
 };

@@ -247,44 +247,6 @@ int mw__tcp_path(struct mw__conn *c, char *why, size_t cap)
     return rc;
 }
 
-static int tcp_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
-{
-    return mw__lqp_post_send(c->path.lqp, wr, bad);
-}
-
-static int tcp_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-    return mw__lqp_post_recv(c->path.lqp, wr, bad);
-}
-
-static void tcp_take_now(struct mw__conn *c)
-{
-    if (c->path.lqp)
-        mw__lqp_take_now(c->path.lqp);
-}
-
-static void tcp_stop(struct mw__conn *c)
-{
-    if (c->path.lqp)
-        mw__lqp_error(c->path.lqp);
-}
-
-static bool tcp_peer_done(const struct mw__conn *c)
-{
-    return !c->path.lqp || mw__lqp_peer_done(c->path.lqp);
-}
-
-static bool tcp_quiescing(const struct mw__conn *c)
-{
-    return c->path.lqp && mw__lqp_quiescing(c->path.lqp);
-}
-
-static void tcp_settle(struct mw__conn *c, uint64_t until_ms)
-{
-    if (c->path.lqp)
-        mw__lqp_settle(c->path.lqp, until_ms);
-}
-
 /* The kernel's word on the peer's host: ms since it last acknowledged
  * anything (data, a window or keepalive probe), once a retransmission
  * timed out or a window probe went unanswered since; else 0.  (Data
@@ -300,26 +262,20 @@ static unsigned tcp_silent_ms(const struct mw__conn *c)
     return ti.tcpi_retransmits || ti.tcpi_probes ? ti.tcpi_last_ack_recv : 0;
 }
 
-static void tcp_release(struct mw__conn *c)
-{
-    mw__lqp_free(c->path.lqp);
-    c->path.lqp = NULL;
-}
-
 const struct mw__transport mw__transport_tcp = {
     .kind = MW_TRANSPORT_TCP,
     .via = " over TCP",
     .probes = false,
     .reads = TCP_READS,
     .silent_ms = tcp_silent_ms,
-    .post_send = tcp_post_send,
-    .post_recv = tcp_post_recv,
-    .take_now = tcp_take_now,
-    .stop = tcp_stop,
-    .peer_done = tcp_peer_done,
-    .quiescing = tcp_quiescing,
-    .settle = tcp_settle,
-    .release = tcp_release,
+    .post_send = mw__lqp_path_post_send,
+    .post_recv = mw__lqp_path_post_recv,
+    .take_now = mw__lqp_path_take_now,
+    .stop = mw__lqp_path_stop,
+    .peer_done = mw__lqp_path_peer_done,
+    .quiescing = mw__lqp_path_quiescing,
+    .settle = mw__lqp_path_settle,
+    .release = mw__lqp_path_release,
 };
 
 /* --- the connecting side ------------------------------------------------------ */

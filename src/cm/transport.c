@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cm/cm.h"
+#include "cm/lqp.h"
 #include "core/cq.h"
 #include "core/dev.h"
 #include "core/op.h"
@@ -76,6 +77,53 @@ int mw__transport_asked(mw_ctx_t *ctx, mw_conn_opts_t *o)
     }
     MW_LOG(ctx, MW_LOG_ERROR, "MW_TRANSPORT=%s: expected rdma, tcp or auto", env);
     return -EINVAL;
+}
+
+/* --- a queue pair carried by a socket (lqp.h): same-host and TCP ------------- */
+
+int mw__lqp_path_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return mw__lqp_post_send(c->path.lqp, wr, bad);
+}
+
+int mw__lqp_path_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return mw__lqp_post_recv(c->path.lqp, wr, bad);
+}
+
+void mw__lqp_path_take_now(struct mw__conn *c)
+{
+    if (c->path.lqp)
+        mw__lqp_take_now(c->path.lqp);
+}
+
+/* The channel ends with the queue pair: the peer learns it at its end. */
+void mw__lqp_path_stop(struct mw__conn *c)
+{
+    if (c->path.lqp)
+        mw__lqp_error(c->path.lqp);
+}
+
+bool mw__lqp_path_peer_done(const struct mw__conn *c)
+{
+    return mw__lqp_peer_done(c->path.lqp);
+}
+
+bool mw__lqp_path_quiescing(const struct mw__conn *c)
+{
+    return c->path.lqp && mw__lqp_quiescing(c->path.lqp);
+}
+
+void mw__lqp_path_settle(struct mw__conn *c, uint64_t until_ms)
+{
+    if (c->path.lqp)
+        mw__lqp_settle(c->path.lqp, until_ms);
+}
+
+void mw__lqp_path_release(struct mw__conn *c)
+{
+    mw__lqp_free(c->path.lqp);
+    c->path.lqp = NULL;
 }
 
 void mw__conn_set_transport(struct mw__conn *c, const struct mw__transport *tp)

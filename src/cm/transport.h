@@ -50,6 +50,18 @@ extern const struct mw__transport mw__transport_rdma;
 extern const struct mw__transport mw__transport_local;
 extern const struct mw__transport mw__transport_tcp;
 
+/* The operations of a transport whose queue pair is a local queue pair
+ * (c->path.lqp, lqp.h) on a socket: the same-host path's and TCP's tables
+ * use them (an absent lqp: nothing to do). */
+int mw__lqp_path_post_send(struct mw__conn *c, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int mw__lqp_path_post_recv(struct mw__conn *c, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+void mw__lqp_path_take_now(struct mw__conn *c);
+void mw__lqp_path_stop(struct mw__conn *c);
+bool mw__lqp_path_peer_done(const struct mw__conn *c);
+bool mw__lqp_path_quiescing(const struct mw__conn *c);
+void mw__lqp_path_settle(struct mw__conn *c, uint64_t until_ms);
+void mw__lqp_path_release(struct mw__conn *c);
+
 /* mw__transport_asked() - @o's transport option, unless the environment's
  * MW_TRANSPORT (rdma, tcp, auto) says otherwise: 0, or -EINVAL for a value
  * neither knows. */
