@@ -594,9 +594,22 @@ typedef struct mw_conn_opts {
                                    (rdma_cm cannot be opened; logged once)
                                    auto means TCP, and so does
                                    MW_TRANSPORT_TCP anywhere; RDMA asked
-                                   for fails there, -ENODEV.  Both ends
-                                   must be on TCP: a listener takes one
-                                   transport.  The connection is set up
+                                   for fails there, -ENODEV.  Where there
+                                   is RDMA, auto listens on both, RDMA
+                                   peers over rdma_cm and the others over
+                                   TCP on the same port number (on one
+                                   alone where the other cannot listen,
+                                   logged), and connects over RDMA to each
+                                   address in turn, then, when all failed
+                                   and no meshwire peer refused, over TCP
+                                   to each, logging once that it did and
+                                   why: a peer with no RDMA, none its way,
+                                   or a device here that cannot serve
+                                   (memlock, completion queues full) does
+                                   not stop it.  MW_TRANSPORT_RDMA and _TCP
+                                   listen and connect over that one only.
+                                   mw_conn_stats() says which a connection
+                                   took.  The connection is set up
                                    over the socket (the same handshake,
                                    limits and refusals as over rdma_cm),
                                    which then carries everything, payloads
@@ -614,9 +627,9 @@ typedef struct mw_conn_opts {
                                    disconnect.  Nothing is pinned
                                    (RLIMIT_MEMLOCK does not matter).  The
                                    kernel answers for a peer outside its
-                                   loop; a peer host gone silent is cut by
-                                   TCP's keepalive and user timeout, within
-                                   about keepalive_ms.  A TCP peer is
+                                   loop; a peer host gone silent (nothing
+                                   acknowledged) is cut within about twice
+                                   keepalive_ms, idle or not.  A TCP peer is
                                    authenticated no better than an rdma_cm
                                    one: whoever reaches the port may
                                    connect (max_accepting, max_conns bound

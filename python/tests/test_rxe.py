@@ -465,16 +465,17 @@ MEMLOCK_8MIB_NO_CAP = ("prlimit", f"--memlock={8 << 20}", "setpriv", "--bounding
 @pytest.mark.parametrize("loop", ["asyncio"])
 def test_too_little_memlock_says_so(loop, transport):
     """A process without CAP_IPC_LOCK under Debian's default RLIMIT_MEMLOCK
-    (8 MiB: less than a context and a connection pin) cannot connect; the
-    error says why and how much it needs, and names the address.  Over TCP
-    nothing is pinned: it connects."""
+    (8 MiB: less than a context and a connection pin) cannot connect over
+    RDMA; the error says why and how much it needs, and names the address.
+    Over TCP nothing is pinned: it connects; and so does auto, over TCP,
+    with a warning that says why not over RDMA."""
     out = run_fresh(FRESH + """
     async def main():
-        async with meshwire.Context(log_level="error") as ctx:
+        async with meshwire.Context(log_level="warn") as ctx:
             l = ctx.listen(f"{HOST}:0", transport=TRANSPORT)
             try:
-                await ctx.connect(f"{HOST}:{l.port}", transport=TRANSPORT, timeout_ms=5000)
-                print("connected")
+                c = await ctx.connect(f"{HOST}:{l.port}", transport=TRANSPORT, timeout_ms=5000)
+                print("connected", c.stats()["transport"])
             except OSError as e:
                 print("errno", e.errno)
                 print("message", e.strerror)
@@ -483,7 +484,12 @@ def test_too_little_memlock_says_so(loop, transport):
     """, loop, transport, prefix=MEMLOCK_8MIB_NO_CAP)
     print(out.stdout, out.stderr)
     if path_of(transport) == "tcp":
-        assert out.returncode == 0 and out.stdout.strip() == "connected", out.stdout + out.stderr
+        assert out.returncode == 0 and out.stdout.strip() == "connected tcp", out.stdout + out.stderr
+        return
+    if transport == "auto":
+        assert out.returncode == 0 and out.stdout.strip() == "connected tcp", out.stdout + out.stderr
+        assert "over TCP, not reachable over RDMA" in out.stderr, out.stderr
+        assert "RLIMIT_MEMLOCK (ulimit -l) is 8192 KiB, needs" in out.stderr, out.stderr
         return
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert out.returncode == 0 and lines.get("errno") == "12", out.stdout + out.stderr

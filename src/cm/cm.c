@@ -37,7 +37,8 @@ static void device_removed(mw_ctx_t *ctx, struct ibv_context *verbs)
     mw__list_for_each(l, &cm->listeners, link) {
         if (!l->id || l->id->verbs != verbs)
             continue;
-        MW_LOG(ctx, MW_LOG_ERROR, "a listener lost its RDMA device %s: it accepts no more", name);
+        MW_LOG(ctx, MW_LOG_ERROR, "a listener lost its RDMA device %s: it accepts %s", name,
+               l->fd >= 0 ? "over TCP only" : "no more");
         l->id->context = NULL;
         mw__cm_destroy_id_later(ctx, l->id);
         l->id = NULL;

@@ -246,6 +246,11 @@ struct mw__conn_setup {
                                      before those not found dropped out) */
     struct mw__name_lookup *lookups;
     size_t lookups_left;
+    bool tcp_after;               /* auto with RDMA here: when every address
+                                     failed over RDMA, each is tried over TCP */
+    bool over_tcp;                /* ... and that pass is on */
+    bool heard_no;                /* a meshwire peer refused over RDMA: TCP
+                                     would be refused alike */
 
     /* passive side: the listener it came through */
     struct mw__listener *listener;
@@ -347,7 +352,8 @@ int mw__local_established(struct mw__conn *c, char *why, size_t cap);
  * handshake (then mw__accept_hello); mw__tcp_accept() answers it and
  * starts the queue pair; mw__tcp_reject() and mw__tcp_refuse_fd() answer
  * no, with @why.  mw__tcp_path() is mw__conn_setup_qp's part for TCP;
- * mw__tcp_setup_drop() closes a socket still being set up.  Listeners:
+ * mw__tcp_setup_drop() closes a socket still being set up (and
+ * mw__tcp_reached() says whether it connected to a listener).  Listeners:
  * mw__tcp_listen() on @sa (l->fd, l->ev), mw__tcp_port(), mw__tcp_unlisten().
  * 0 or -errno. */
 int mw__tcp_connect(struct mw__conn *c, const struct sockaddr *peer);
@@ -357,6 +363,7 @@ void mw__tcp_reject(struct mw__conn *c, const char *why);
 void mw__tcp_refuse_fd(int fd, const char *why);
 int mw__tcp_path(struct mw__conn *c, char *why, size_t cap);
 void mw__tcp_setup_drop(struct mw__conn *c);
+bool mw__tcp_reached(const struct mw__conn *c);
 int mw__tcp_listen(struct mw__listener *l, const struct sockaddr_storage *sa);
 int mw__tcp_port(const struct mw__listener *l);
 void mw__tcp_unlisten(struct mw__listener *l);

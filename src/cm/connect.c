@@ -20,10 +20,15 @@ static void try_next(struct mw__conn *c);
 static void note_failure(struct mw__conn *c, const char *addr, int err, const char *one)
 {
     struct mw__conn_setup *s = c->setup;
-    if (s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
+    /* Over TCP after RDMA, a socket that reached no listener says less than
+     * RDMA's error (a timeout: something may listen there and be stuck; a
+     * device out of resources), unless RDMA could not reach the peer. */
+    bool kept = s->over_tcp && !mw__tcp_reached(c) && s->attempt_err != -EHOSTUNREACH;
+    if (!kept && s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
         s->attempt_err = err;
     size_t used = strlen(s->tried);
-    snprintf(s->tried + used, sizeof s->tried - used, "%s%s: %s", used ? "; " : "", addr, one);
+    snprintf(s->tried + used, sizeof s->tried - used, "%s%s%s: %s", used ? "; " : "", addr,
+             c->opts.transport == MW_TRANSPORT_TCP ? " over TCP" : "", one);
     MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
 }
 
@@ -47,6 +52,12 @@ static void on_step_timeout(struct mw__conn *c)
     mw__connect_attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
 }
 
+/* No RDMA device on the routing table's way to a peer (pick_source). */
+#define NO_RDMA_WAY (-2)
+
+/* The local address on @peer's subnet to resolve it from (its index), or
+ * -1: the routing table decides, or NO_RDMA_WAY: the route leaves from
+ * @src, on no RDMA device. */
 static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct sockaddr_storage *src)
 {
     const struct mw__nic *nics;
@@ -55,6 +66,8 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
     int i = mw__nic_choose(nics, n, peer);
     char p[MW__ADDR_STRLEN];
     if (i < 0) {
+        if (mw__nic_route_rdma(nics, n, peer, src) == 0)
+            return NO_RDMA_WAY;
         MW_LOG(c->ctx, MW_LOG_INFO, "peer %s: no local RDMA address on its subnet, "
                "the routing table decides", mw__addr_str(peer, p, sizeof p));
         return -1;
@@ -68,10 +81,25 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
     return i;
 }
 
+/* Every address failed over RDMA, none refused by a meshwire peer: the
+ * peer may have no RDMA, or none its way; over TCP, in the same order. */
+static bool on_to_tcp(struct mw__conn *c)
+{
+    struct mw__conn_setup *s = c->setup;
+    if (!s->tcp_after || s->heard_no)
+        return false;
+    s->tcp_after = false;
+    s->over_tcp = true;
+    s->next_peer = 0;
+    c->opts.transport = MW_TRANSPORT_TCP;
+    mw__conn_set_transport(c, &mw__transport_tcp);
+    return true;
+}
+
 static void try_next(struct mw__conn *c)
 {
     struct mw__conn_setup *s = c->setup;
-    if (s->next_peer >= s->npeers) {
+    if (s->next_peer >= s->npeers && !on_to_tcp(c)) {
         mw__conn_fail(c, s->attempt_err ? s->attempt_err : -EHOSTUNREACH, "cannot connect: %s",
                       s->tried);
         return;
@@ -84,11 +112,19 @@ static void try_next(struct mw__conn *c)
         int rc = mw__tcp_connect(c, peer);
         if (rc < 0)
             mw__connect_attempt_failed(c, rc == -ECONNREFUSED ? rc : -EHOSTUNREACH,
-                                       "cannot connect over TCP: %s", mw_strerror(rc));
+                                       "cannot connect: %s", mw_strerror(rc));
         return;
     }
     struct sockaddr_storage src;
-    int have_src = pick_source(c, peer, &src) >= 0;
+    int pick = pick_source(c, peer, &src);
+    if (pick == NO_RDMA_WAY) {
+        char a[MW__ADDR_STRLEN];
+        mw__addr_str((struct sockaddr *)&src, a, sizeof a);
+        mw__connect_attempt_failed(c, -EHOSTUNREACH, "no RDMA device on the way to it "
+                                   "(the route leaves from %s)", a);
+        return;
+    }
+    int have_src = pick >= 0;
     struct rdma_cm_id *id;
     if (rdma_create_id(cm->ch, &id, c, RDMA_PS_TCP) < 0) {
         mw__connect_attempt_failed(c, -EHOSTUNREACH, "rdma_create_id: %s", mw_strerror(-errno));
@@ -237,6 +273,7 @@ mw_future_t *mw_connect(mw_ctx_t *ctx, const char *addrs, const mw_conn_opts_t *
         return f;
     }
     s->connect_f = mw_future_ref(f);
+    s->tcp_after = c->opts.transport == MW_TRANSPORT_AUTO;   /* and RDMA is here */
     mw__future_on_cancel(f, connect_cancel, c);
     if ((rc = names_look_up(c)) < 0) {
         mw__conn_fail(c, rc, "connect to %s: cannot look names up: %s", addrs,
@@ -294,6 +331,9 @@ void mw__connect_established(struct mw__conn *c, const void *pd, size_t len)
     mw__conn_established(c);
     if (c->state != MW__CONN_ESTABLISHED)
         return;
+    if (c->setup->over_tcp)
+        MW_LOG(c->ctx, MW_LOG_WARN, "%s: over TCP, not reachable over RDMA (%s)",
+               c->stats.remote, c->setup->tried);
     mw_future_t *f = c->setup->connect_f;
     c->setup->connect_f = NULL;
     mw__conn_hand_over(c);        /* the caller owns c from here */
@@ -301,11 +341,18 @@ void mw__connect_established(struct mw__conn *c, const void *pd, size_t len)
     mw_future_unref(f);
 }
 
+/* A meshwire peer said no, with its reason (not rdma_cm for nobody). */
+static bool refused_by_meshwire(const struct rdma_cm_event *ev)
+{
+    const char *pd = ev->param.conn.private_data;
+    return pd && ev->param.conn.private_data_len > 4 && !memcmp(pd, MW__REJECT_TAG, 4);
+}
+
 static const char *reject_reason(struct rdma_cm_event *ev, char *buf, size_t cap)
 {
     const char *pd = ev->param.conn.private_data;
     size_t n = ev->param.conn.private_data_len;
-    if (pd && n > 4 && !memcmp(pd, MW__REJECT_TAG, 4)) {
+    if (refused_by_meshwire(ev)) {
         snprintf(buf, cap, "%.*s", (int)strnlen(pd + 4, n - 4), pd + 4);
         return buf;
     }
@@ -349,6 +396,7 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
         mw__connect_attempt_failed(c, -ECONNRESET, "connect error: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_REJECTED:
+        c->setup->heard_no |= refused_by_meshwire(ev);
         mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
         return;
     default:

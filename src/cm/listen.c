@@ -35,6 +35,50 @@ static int parse_listen_addr(const char *s, uint16_t port, struct sockaddr_stora
     return mw__parse_addr(s, port, sa);
 }
 
+static int listen_rdma(struct mw__listener *l, struct mw__cm *cm, const struct sockaddr_storage *sa)
+{
+    if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) == 0 &&
+        rdma_bind_addr(l->id, (struct sockaddr *)sa) == 0 && rdma_listen(l->id, 128) == 0)
+        return 0;
+    int rc = errno ? -errno : -EIO;
+    if (l->id)
+        rdma_destroy_id(l->id);
+    l->id = NULL;
+    return rc;
+}
+
+/* Ports a listener on port 0 tries for one both rdma_cm and TCP have free
+ * (their port spaces are apart: a TCP socket may hold rdma_cm's pick). */
+#define BOTH_FREE_TRIES 8
+
+/* In auto, a listener takes RDMA peers over rdma_cm and the others over
+ * TCP, on the same port number.  Either alone will do, said in the log:
+ * the address may be on no RDMA device, or the TCP port taken. */
+static int listen_both(struct mw__listener *l, struct mw__cm *cm, const struct sockaddr_storage *sa)
+{
+    struct sockaddr_storage at = *sa;
+    uint16_t *port = &((struct sockaddr_in *)&at)->sin_port;   /* same offset in sockaddr_in6 */
+    bool any_port = *port == 0;
+    int rdma = listen_rdma(l, cm, sa), tcp = 0;
+    for (int i = 1; rdma == 0; i++) {
+        *port = rdma_get_src_port(l->id);
+        tcp = mw__tcp_listen(l, &at);
+        if (tcp != -EADDRINUSE || !any_port || i == BOTH_FREE_TRIES)
+            break;
+        rdma_destroy_id(l->id);       /* another pick for both */
+        l->id = NULL;
+        rdma = listen_rdma(l, cm, sa);
+    }
+    if (rdma < 0 && (tcp = mw__tcp_listen(l, sa)) < 0)
+        return rdma;
+    char a[64];
+    if (rdma < 0 || tcp < 0)
+        MW_LOG(l->ctx, MW_LOG_WARN, "listening on %s over %s only (%s cannot listen there: %s)",
+               mw__addr_str((struct sockaddr *)sa, a, sizeof a), rdma < 0 ? "TCP" : "RDMA",
+               rdma < 0 ? "rdma_cm" : "TCP", mw_strerror(rdma < 0 ? rdma : tcp));
+    return 0;
+}
+
 int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_accept_fn cb,
               void *arg, mw_listener_t **lp)
 {
@@ -64,18 +108,13 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
         mw__free(l);
         return -ENOMEM;
     }
-    if (o.transport == MW_TRANSPORT_TCP)
-        rc = mw__tcp_listen(l, &sa);
-    else if (rdma_create_id(cm->ch, &l->id, l, RDMA_PS_TCP) < 0 ||
-             rdma_bind_addr(l->id, (struct sockaddr *)&sa) < 0 || rdma_listen(l->id, 128) < 0)
-        rc = errno ? -errno : -EIO;
+    rc = o.transport == MW_TRANSPORT_TCP ? mw__tcp_listen(l, &sa)
+       : o.transport == MW_TRANSPORT_RDMA ? listen_rdma(l, cm, &sa) : listen_both(l, cm, &sa);
     if (rc < 0) {
         char a[64];
         MW_LOG(ctx, MW_LOG_ERROR, "cannot listen on %s%s: %s",
                mw__addr_str((struct sockaddr *)&sa, a, sizeof a),
                o.transport == MW_TRANSPORT_TCP ? " (TCP)" : "", mw_strerror(rc));
-        if (l->id)
-            rdma_destroy_id(l->id);
         mw__handle_release(l->h);
         mw__free(l);
         return rc;
@@ -309,7 +348,9 @@ void mw__listener_incoming_tcp(struct mw__listener *l, int fd)
         return;
     }
     struct mw__conn *c;
-    int rc = mw__conn_new(l->ctx, MW__SIDE_PASSIVE, &l->opts, &c);
+    mw_conn_opts_t o = l->opts;
+    o.transport = MW_TRANSPORT_TCP;   /* an auto listener's TCP side */
+    int rc = mw__conn_new(l->ctx, MW__SIDE_PASSIVE, &o, &c);
     if (rc < 0) {
         l->stats.failed++;
         mw__tcp_refuse_fd(fd, "out of memory");

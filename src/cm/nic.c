@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cm/nic.h"
 #include "core/alloc.h"
@@ -415,6 +416,47 @@ int mw__nic_choose(const struct mw__nic *nics, size_t n, const struct sockaddr *
 {
     int len;
     return best_match(nics, n, peer, &len);
+}
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return ((const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr)[0] == 127;
+    return sa->sa_family == AF_INET6 &&
+           IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
+static bool same_addr(const struct sockaddr *a, const struct sockaddr *b)
+{
+    int abits, bbits;
+    const uint8_t *x = addr_bytes(a, &abits), *y = addr_bytes(b, &bbits);
+    return x && a->sa_family == b->sa_family && !memcmp(x, y, (size_t)abits / 8);
+}
+
+int mw__nic_route_rdma(const struct mw__nic *nics, size_t n, const struct sockaddr *peer,
+                       struct sockaddr_storage *from)
+{
+    struct sockaddr_storage to = {0};
+    socklen_t len = peer->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                 : sizeof(struct sockaddr_in);
+    memcpy(&to, peer, len);
+    ((struct sockaddr_in *)&to)->sin_port = htons(9);   /* a UDP connect sends nothing */
+    int fd = socket(peer->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = 0;
+    socklen_t flen = sizeof *from;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&to, len) < 0 ||
+        getsockname(fd, (struct sockaddr *)from, &flen) < 0)
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0)
+        return rc;
+    ((struct sockaddr_in *)from)->sin_port = 0;  /* same offset in sockaddr_in6 */
+    if (is_loopback((struct sockaddr *)from))   /* rdma_cm takes any device */
+        return 1;
+    for (size_t i = 0; i < n; i++)
+        if (same_addr((const struct sockaddr *)&nics[i].addr, (struct sockaddr *)from))
+            return 1;
+    return 0;
 }
 
 void mw__nic_order(const struct mw__nic *nics, size_t n,

@@ -6,8 +6,9 @@
  * subnet contains it (longest prefix) and hand it to rdma_resolve_addr() as
  * the source; with no match the routing table decides.
  *
- * Pure logic apart from mw__nic_list() (verbs + getifaddrs) and name
- * resolution in mw__parse_addr(); no context needed.  Internal (mw__ names).
+ * Pure logic apart from mw__nic_list() (verbs + getifaddrs), the kernel's
+ * route in mw__nic_route_rdma() and name resolution in mw__parse_addr();
+ * no context needed.  Internal (mw__ names).
  */
 #ifndef MW_CM_NIC_H
 #define MW_CM_NIC_H
@@ -90,6 +91,18 @@ int mw__nic_from_ifaddrs(const struct ifaddrs *ifa, const struct mw__nic_ndev *n
  * table decide).
  */
 int mw__nic_choose(const struct mw__nic *nics, size_t n, const struct sockaddr *peer);
+
+/**
+ * mw__nic_route_rdma() - whether the routing table's way to @peer leaves
+ * from one of @nics (RDMA-capable): where it does not, rdma_cm cannot
+ * reach @peer, and may take its whole timeout to say so (a neighbour not
+ * yet resolved).  A way out through loopback counts as RDMA: rdma_cm
+ * takes any device for it.
+ * @from: receives the source address the kernel picked.
+ * Return: 1 or 0; a negative errno when the kernel has no route.
+ */
+int mw__nic_route_rdma(const struct mw__nic *nics, size_t n, const struct sockaddr *peer,
+                       struct sockaddr_storage *from);
 
 /**
  * mw__nic_order() - stable-sort one peer's addresses in place: those in a

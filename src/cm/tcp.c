@@ -49,6 +49,7 @@ struct mw__tcp_setup {
     void (*step)(struct mw__conn *c);   /* the socket is ready for it */
     uint8_t buf[4 + RECORD_MAX];
     size_t got;
+    bool reached;                 /* connected: something listens there */
 };
 
 /* --- the socket ------------------------------------------------------------ */
@@ -186,6 +187,11 @@ static int setup_new(struct mw__conn *c, int fd)
     return 0;
 }
 
+bool mw__tcp_reached(const struct mw__conn *c)
+{
+    return c->setup && c->setup->tcp && c->setup->tcp->reached;
+}
+
 void mw__tcp_setup_drop(struct mw__conn *c)
 {
     struct mw__tcp_setup *t = c->setup ? c->setup->tcp : NULL;
@@ -320,6 +326,7 @@ static void on_connected(struct mw__conn *c)
                                    "%s", mw_strerror(-err));
         return;
     }
+    t->reached = true;
     names(c, t->fd);              /* connected: the local address is known now */
     char why[160];
     int rc = mw__conn_setup_qp(c, why, sizeof why);

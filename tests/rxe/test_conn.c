@@ -1293,6 +1293,112 @@ static void a_silent_peer_host_is_cut_within_the_keepalive(void **state)
     silent_host_drop();
 }
 
+/* --- a host with RDMA meets one without --------------------------------- */
+
+static int tcp_warnings;
+
+static void count_tcp_warnings(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    if (level == MW_LOG_WARN && strstr(msg, "over TCP, not reachable over RDMA")) {
+        printf("warned: %s\n", msg);
+        tcp_warnings++;
+    }
+}
+
+/* Wait until the sink in the namespace takes TCP connections (a bare one,
+ * dropped before any handshake, is none it keeps). */
+static void sink_listens(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, SILENT_HOST, &a.sin_addr);
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+        close(fd);
+        if (rc == 0)
+            return;
+        usleep(50000);
+    }
+    fail_msg("the sink in namespace " SILENT_NS " does not listen");
+}
+
+static mw_transport_t transport_of(mw_conn_t *c)
+{
+    mw_conn_stats_t st;
+    assert_int_equal(mw_conn_stats(c, &st), 0);
+    return st.transport;
+}
+
+/* On a host with RDMA (auto, nothing forced), the peer in the namespace
+ * has no RDMA its way (its link carries no RDMA device): its listener
+ * takes TCP alone, and a connect reaches it over TCP once RDMA cannot
+ * resolve it, warning once; RDMA asked for still fails.  And one auto
+ * listener takes an RDMA peer and a TCP peer on the same port. */
+static void a_host_with_rdma_meets_one_without(void **state)
+{
+    (void)state;
+    const char *forced = getenv("MW_TRANSPORT");
+    if (rxe_over_tcp() || (forced && strcmp(forced, "auto")) || geteuid() != 0 ||
+        !silent_host_make()) {
+        silent_host_drop();
+        printf("SKIP: RDMA here, nothing forced, as root, with ip netns and veth\n");
+        skip();
+    }
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_fn = count_tcp_warnings;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &co), 0);
+    int port = 7002;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid_t pid;
+    char *argv[] = {"ip", "netns", "exec", SILENT_NS, self_path, "sink", "-", ps, "-", NULL};
+    assert_int_equal(posix_spawnp(&pid, "ip", NULL, NULL, argv, environ), 0);
+    sink_listens(port);
+    tcp_warnings = 0;
+    double t0 = now_s();
+    mw_conn_t *c = rxe_connect(ctx, SILENT_HOST, port, NULL);
+    double took = now_s() - t0;
+    printf("reached over TCP in %.3f s\n", took);
+    assert_int_equal(transport_of(c), MW_TRANSPORT_TCP);
+    assert_int_equal(tcp_warnings, 1);
+    assert_true(took < 2.5);      /* not RDMA's 5 s timeout waited out first */
+    uint8_t *b = calloc(1, 1 << 20);
+    mw_future_t *f = mw_send(c, b, 1 << 20);
+    assert_int_equal(mw_wait(f), 0);
+    mw_future_unref(f);
+    free(b);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.transport = MW_TRANSPORT_RDMA;
+    f = rxe_connect_future(ctx, SILENT_HOST, port, &o);
+    assert_int_not_equal(mw_wait(f), 0);
+    printf("RDMA asked for: %s\n", mw_future_message(f));
+    mw_future_unref(f);
+    mw_conn_abort(c);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    silent_host_drop();
+
+    struct rxe_server s;
+    rxe_server_start(&s, ctx, addrs[1], NULL);
+    mw_transport_t want[] = {MW_TRANSPORT_TCP, MW_TRANSPORT_RDMA};
+    for (int i = 0; i < 2; i++) {
+        o.transport = want[i];
+        c = rxe_connect(ctx, addrs[1], s.port, &o);
+        assert_int_equal(transport_of(c), want[i]);
+        rxe_wait_accepted(&s, i + 1);
+        assert_int_equal(transport_of(s.conns[i]), want[i]);
+        rxe_round_trip(c, s.conns[i]);
+        rxe_close_conn(c);
+    }
+    assert_int_equal(tcp_warnings, 1);      /* both asked for: nothing to say */
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
 static void killed_peer_fails_pending_work_in_bounded_time(void **state)
 {
     (void)state;
@@ -1366,6 +1472,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(killed_peer_fails_pending_work_in_bounded_time),
         cmocka_unit_test(a_peer_outside_its_loop_for_15_s_is_not_dead),
         cmocka_unit_test(a_silent_peer_host_is_cut_within_the_keepalive),
+        cmocka_unit_test(a_host_with_rdma_meets_one_without),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

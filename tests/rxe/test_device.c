@@ -151,7 +151,8 @@ static void device_deleted_under_live_connections(void **state)
 
     mw_future_t *pending = mw_recv(c1), *other = mw_recv(s1.c);
     char target[80];
-    snprintf(target, sizeof target, "%s:%d", addrs[1], mw_listener_port(s1.l));
+    int port1 = mw_listener_port(s1.l);
+    snprintf(target, sizeof target, "%s:%d", addrs[1], port1);
     pid_t storm = RXE_FORK_OK ? fork() : -1;    /* see rxe_util.h */
     if (storm == 0)
         connect_storm(target, 1500);
@@ -168,7 +169,9 @@ static void device_deleted_under_live_connections(void **state)
     assert_non_null(strstr(mw_future_message(pending), dev));
     mw_future_unref(pending);
     mw_future_unref(other);
-    assert_int_equal(mw_listener_port(s1.l), -ENODEV);
+    /* its rdma_cm side lost the device; in auto its TCP side goes on */
+    const char *forced = getenv("MW_TRANSPORT");
+    assert_int_equal(mw_listener_port(s1.l), forced && !strcmp(forced, "rdma") ? -ENODEV : port1);
     int st = 0;                               /* the storm ended (the removal waited) */
     bool reaped = storm < 0;
     for (int t = 0; !reaped && t < 100; t++) {

@@ -88,6 +88,7 @@ static void cq_entries_run_out_cleanly(void **state)
     o.credits = 4096;
     o.slot_size = 256;
     o.max_rdma_inflight = 4096;
+    o.transport = MW_TRANSPORT_RDMA;  /* the device's limit (auto goes on over TCP) */
     mw_conn_t *conns[MAXPAIRS];
     mw_future_t *failed;
     int n = connect_until_failure(ctx, &s, &o, conns, 0, MAXPAIRS, &failed);
@@ -293,12 +294,27 @@ static void device_open_failure_is_retried_in_place(void **state)
     struct rxe_server s;
     mw_ctx_t *ctx = cgroup_ctx_server("device open", &s);
     cap_objects(cgroup_path, "0");
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.transport = MW_TRANSPORT_RDMA;
     for (int i = 0; i < 3; i++) {
-        mw_future_t *f = rxe_connect_future(ctx, addrs[1], s.port, NULL);
+        mw_future_t *f = rxe_connect_future(ctx, addrs[1], s.port, &o);
         assert_int_not_equal(mw_wait(f), 0);
         printf("capped: %s\n", mw_future_message(f));
         assert_non_null(strstr(mw_future_message(f), "protection domain"));
         mw_future_unref(f);
+    }
+    const char *forced = getenv("MW_TRANSPORT");
+    if (!forced || !strcmp(forced, "auto")) {   /* auto: no usable device, so TCP */
+        mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, NULL);
+        mw_conn_stats_t st;
+        assert_int_equal(mw_conn_stats(c, &st), 0);
+        assert_int_equal(st.transport, MW_TRANSPORT_TCP);
+        rxe_wait_accepted(&s, 1);
+        all_pairs_work(&c, &s, 1);
+        rxe_close_conn(c);
+        rxe_close_conn(s.conns[0]);
+        s.n = 0;
     }
     assert_int_equal(mw__dev_count(ctx), 1);
     cap_objects(cgroup_path, "max");

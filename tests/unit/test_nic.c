@@ -644,6 +644,26 @@ static void list_this_host(void **state)
     free(nics);
 }
 
+/* The kernel's way to a peer: through loopback counts as RDMA (rdma_cm
+ * takes any device); elsewhere only when it leaves from an RDMA address. */
+static void route_way_out_decides_rdma(void **state)
+{
+    (void)state;
+    struct sockaddr_storage from, p = ip("127.0.0.1");
+    assert_int_equal(mw__nic_route_rdma(NULL, 0, sa(&p), &from), 1);
+    p = ip("192.0.2.1");          /* TEST-NET-1: routed by the default route, if any */
+    int rc = mw__nic_route_rdma(NULL, 0, sa(&p), &from);
+    if (rc < 0) {
+        assert_true(rc == -ENETUNREACH || rc == -EHOSTUNREACH);
+        return;                   /* no default route here */
+    }
+    assert_int_equal(rc, 0);      /* no RDMA address at all */
+    struct mw__nic nics[2] = {nic("198.51.100.7", 24, 1), nic("198.51.100.8", 24, 2)};
+    assert_int_equal(mw__nic_route_rdma(nics, 2, sa(&p), &from), 0);
+    nics[1].addr = from;          /* the way out is an RDMA device's */
+    assert_int_equal(mw__nic_route_rdma(nics, 2, sa(&p), &from), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +692,7 @@ int main(void)
         cmocka_unit_test(list_from_ifaddrs),
         cmocka_unit_test(addr_list_names_left_for_later),
         cmocka_unit_test(list_this_host),
+        cmocka_unit_test(route_way_out_decides_rdma),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
