@@ -913,7 +913,15 @@ MW_EXTERN void mw_batch_free(mw_batch_t *b);
  * with the fewest bytes outstanding.  A rail that fails (its connection
  * broke: link down, QP error, peer gone) is taken out, and the slices it
  * did not complete are posted again on the others: the transfer completes
- * with every byte right while any rail works.  A rail given a new
+ * with every byte right while any rail works.  Rails may be of different
+ * transports (an RDMA rail and a TCP rail to the same peer: connect with
+ * opts.transport each).  A rail that stops making progress while another
+ * moves -- slices out on it, none done for the group's stall time (10 s;
+ * mw_rails_set_stall), while another rail completed some: RC resending and
+ * resending on a lossy link -- is stalled: the group fails its connection
+ * (-ETIMEDOUT, "stalled"; close it and replace the rail when the link is
+ * back), which brings its slices back at once to go on the others.  Rails
+ * all slow alike mean a slow peer: none is judged.  A rail given a new
  * connection (mw_rails_replace) is probed (a 1-byte read) before it is
  * used again.  The group posts on the connections but does not own them:
  * keep them open while it uses them (one closed counts as a failed rail).
@@ -974,6 +982,12 @@ typedef struct mw_rail_stats {
  *  broke is taken out here, so the state is current.  Return: 0, -EINVAL,
  *  -ENOENT. */
 MW_EXTERN int mw_rails_stats(mw_rails_t *g, int rail, mw_rail_stats_t *out);
+/** mw_rails_set_stall() - the time a rail may complete no slice while
+ *  another completes some before it is judged stalled (above); 0: never.
+ *  The default, 10 s, outlasts RC's own recoveries on a loaded soft-RoCE
+ *  host (rails idle for 2.5-4 s were seen); a few slices' time on your
+ *  links fails over sooner.  Return: 0 or -EINVAL. */
+MW_EXTERN int mw_rails_set_stall(mw_rails_t *g, unsigned ms);
 /** mw_rails_count() - the rails of @g (their indexes are 0..count-1). */
 MW_EXTERN int mw_rails_count(const mw_rails_t *g);
 

@@ -125,6 +125,14 @@ class Rails:
         region), sliced and spread like a transfer."""
         await self._post(entries, read)
 
+    def set_stall(self, ms: int) -> None:
+        """How long a rail may complete no slice while another completes
+        some before the group judges it stalled, fails its connection and
+        moves its slices to the others (10000 by default; 0: never)."""
+        if not isinstance(ms, int) or not 0 <= ms < 1 << 32:
+            raise ValueError(f"ms={ms!r}: milliseconds, 0 for never")
+        check(lib.mw_rails_set_stall(self._live(), ms), "mw_rails_set_stall")
+
     def stats(self, rail: Optional[int] = None) -> Any:
         """Rail @rail's state ("probing", "up", "down"), device, counters
         and why it was last taken out; without @rail, a list of all."""

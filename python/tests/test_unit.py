@@ -164,11 +164,16 @@ async def test_a_rail_group_without_rails_refuses_and_closes():
             await g.post([buf])
         with pytest.raises(ValueError, match="at least one"):
             await g.post([])
+        g.set_stall(250)
+        with pytest.raises(ValueError, match="milliseconds"):
+            g.set_stall(-1)
         g.close()
         assert "closed" in repr(g)
         with pytest.raises(OSError) as e:
             await g.read(buf, 0)
         assert e.value.errno == 108
+        with pytest.raises(OSError):
+            g.set_stall(250)
         dropped = ctx.rails()                         # collected: freed from the loop
         del dropped
 

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <event2/event.h>
 
 #include "cm/cm.h"
 #include "core/alloc.h"
@@ -15,6 +16,8 @@
 
 #define SLICES_PER_RAIL 4         /* slices in flight per rail */
 #define DEFAULT_SLICE (1u << 20)
+#define DEFAULT_STALL_MS 10000   /* rxe, 3 VMs on 2 cores: rails idle 2.5-4 s seen */
+#define STALL_CHECKS 4            /* looks per stall time, while slices are out */
 
 struct gxfer;
 
@@ -51,6 +54,8 @@ struct rail {
     unsigned gen;                 /* bumped per connection given */
     unsigned out;                 /* slices in flight on the current connection */
     uint64_t out_bytes;
+    uint64_t moved_ms;            /* its last slice done, or its first out since */
+    uint64_t done_ms;             /* its last slice done */
     mw_rail_stats_t st;
 };
 
@@ -68,6 +73,8 @@ struct mw_rails {
     uint8_t *probe_buf;           /* registered: probes read a byte into it */
     struct mw__list xfers;
     unsigned pending;             /* slices and probes in flight */
+    unsigned stall_ms;            /* 0: never judged stalled */
+    struct event *stall_ev;       /* looks for stalls while slices are out */
     bool freed;
 };
 
@@ -77,6 +84,8 @@ static void group_maybe_free(mw_rails_t *g)
 {
     if (!g->freed || g->pending || !mw__list_empty(&g->xfers))
         return;
+    if (g->stall_ev)
+        event_free(g->stall_ev);
     mw_free(g->ctx, g->probe_buf);
     mw__free(g);
 }
@@ -106,6 +115,67 @@ static void check_rails(mw_rails_t *g)
         else if (c->err || !mw__conn_usable(c))
             rail_down(g, i, c->err ? c->err : -ESHUTDOWN, c->err ? c->why : "connection closing");
     }
+}
+
+/* --- stalls ---------------------------------------------------------------- */
+
+/* Whether a rail other than @i completed a slice after @since. */
+static bool others_moved(const mw_rails_t *g, int i, uint64_t since)
+{
+    for (int j = 0; j < g->n; j++)
+        if (j != i && g->rails[j].st.state == MW_RAIL_UP && g->rails[j].done_ms > since)
+            return true;
+    return false;
+}
+
+/* A rail with slices out that completed none for stall_ms while another
+ * completed some is stalled (RC resending on a lossy link, a peer's loop
+ * that serves one transport and not the other): its connection is failed,
+ * which brings its slices back at once, to go on the others.  When every
+ * rail is slow alike, the peer is: nothing is judged. */
+static void stalls_look(mw_rails_t *g)
+{
+    uint64_t now = mw__now_ms();
+    for (int i = 0; i < g->n; i++) {
+        struct rail *r = &g->rails[i];
+        if (r->st.state != MW_RAIL_UP || !r->out || now - r->moved_ms < g->stall_ms ||
+            !others_moved(g, i, r->moved_ms))
+            continue;
+        char why[120];
+        snprintf(why, sizeof why, "stalled: no slice done in %llu ms while other rails moved",
+                 (unsigned long long)(now - r->moved_ms));
+        rail_down(g, i, -ETIMEDOUT, why);
+        int err;
+        struct mw__conn *c = mw__conn_of(r->conn, "mw_rails", &err);
+        if (c && !c->err)
+            mw__conn_fail(c, -ETIMEDOUT, "rail %s", why);
+    }
+}
+
+static void stalls_watch(mw_rails_t *g);
+
+static void on_stall_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    mw_rails_t *g = arg;
+    g->pending++;                 /* failing a connection may finish slices */
+    stalls_look(g);
+    g->pending--;
+    schedule(g);
+    stalls_watch(g);
+    group_maybe_free(g);
+}
+
+/* Look for stalls while slices are out (an idle group arms nothing). */
+static void stalls_watch(mw_rails_t *g)
+{
+    if (!g->stall_ms || g->freed || !g->pending || (g->stall_ev && evtimer_pending(g->stall_ev, NULL)))
+        return;
+    if (!g->stall_ev && !(g->stall_ev = evtimer_new(g->ctx->base, on_stall_timer, g)))
+        return;                   /* no memory: no stall judged, no harm */
+    unsigned ms = g->stall_ms / STALL_CHECKS ? g->stall_ms / STALL_CHECKS : 1;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    evtimer_add(g->stall_ev, &tv);
 }
 
 /* --- probing -------------------------------------------------------------- */
@@ -184,6 +254,7 @@ int mw_rails_new(mw_ctx_t *ctx, size_t slice_bytes, mw_rails_t **out)
     }
     g->ctx = ctx;
     g->slice_bytes = slice_bytes ? slice_bytes : DEFAULT_SLICE;
+    g->stall_ms = DEFAULT_STALL_MS;
     mw__list_init(&g->xfers);
     *out = g;
     return 0;
@@ -218,6 +289,15 @@ int mw_rails_replace(mw_rails_t *g, int rail, mw_conn_t *c, const mw_remote_t *r
     if (rail < 0 || rail >= g->n)
         return -ENOENT;
     set_conn(g, rail, c, r, &st);
+    return 0;
+}
+
+int mw_rails_set_stall(mw_rails_t *g, unsigned ms)
+{
+    if (!g || g->freed)
+        return -EINVAL;
+    g->stall_ms = ms;
+    stalls_watch(g);
     return 0;
 }
 
@@ -318,11 +398,14 @@ static int post_slice(struct gxfer *t, struct slice *s, int ri)
     s->f = f;
     s->rail = ri;
     s->rail_gen = r->gen;
+    if (!r->out)
+        r->moved_ms = mw__now_ms();   /* busy from now */
     r->out++;
     r->out_bytes += s->bytes;
     t->inflight++;
     g->pending++;
     mw__future_then_in(f, &s->cb, on_slice_done, s);
+    stalls_watch(g);
     return 0;
 }
 
@@ -389,6 +472,7 @@ static void on_slice_done(mw_future_t *f, void *arg)
     if (!err) {
         r->st.bytes += s->bytes;
         r->st.slices++;
+        r->moved_ms = r->done_ms = mw__now_ms();
         t->left--;
     } else if (!t->stopping && (err == -EFAULT || err == -EBUSY)) {
         /* (-EBUSY: the slice may still land late; never post it again) */

@@ -69,14 +69,17 @@ static char *peer_link(int j, int k)
     return a ? out : NULL;
 }
 
-/* A connection to @addr (retrying while the peer starts or its link comes
- * up) and the pool's descriptor it sends. */
-static mw_conn_t *connect_rail(const char *addr, mw_remote_t *r)
+/* A connection over @tp to @addr (retrying while the peer starts or its
+ * link comes up) and the pool's descriptor it sends. */
+static mw_conn_t *connect_over(const char *addr, mw_transport_t tp, mw_remote_t *r)
 {
     char a[96];
     snprintf(a, sizeof a, "%s:%d", addr, PORT);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.transport = tp;
     for (int tries = 0; tries < 120; tries++) {
-        mw_future_t *f = mw_connect(ctx, a, NULL);
+        mw_future_t *f = mw_connect(ctx, a, &o);
         if (mw_wait(f) == 0) {
             mw_conn_t *c = mw_future_value(f);
             mw_future_unref(f);
@@ -93,6 +96,11 @@ static mw_conn_t *connect_rail(const char *addr, mw_remote_t *r)
     }
     fail_msg("cannot connect to %s", a);
     return NULL;
+}
+
+static mw_conn_t *connect_rail(const char *addr, mw_remote_t *r)
+{
+    return connect_over(addr, MW_TRANSPORT_AUTO, r);
 }
 
 /* Wait (running the loop) until every node reached step @name. */
@@ -255,6 +263,130 @@ static void rails_between_two_links(void **state)
                                                     nodes, at the peer) */
 }
 
+/* --- a lossy link: the RDMA rail fails over to a TCP rail ------------------ */
+
+#define LOSSY_BYTES (50u << 20)
+#define LOSSY_NETEM "loss 1% delay 1ms 1ms"
+#define LOSSY_BOUND_S 120.0       /* RC alone gave up after 102 s at this loss */
+
+/* The netdev the route to @peer ("a.b.c.d") leaves by. */
+static const char *netdev_to(const char *peer)
+{
+    static char nd[64];
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ip -o route get %s | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'",
+             peer);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(nd, sizeof nd, p));
+    pclose(p);
+    nd[strcspn(nd, "\n")] = '\0';
+    return nd;
+}
+
+static void netem(const char *dev, const char *spec)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "tc qdisc del dev %s root 2>/dev/null; %s%s%s%s", dev,
+             spec ? "tc qdisc add dev " : "true", spec ? dev : "", spec ? " root netem " : "",
+             spec ? spec : "");
+    assert_int_equal(system(cmd), 0);
+}
+
+static void fill(size_t len, unsigned round)
+{
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = (uint64_t)round << 56 | (uint64_t)me << 48 | i;
+        memcpy(src + i, &v, 8);
+    }
+}
+
+static void check_back(mw_rails_t *g, size_t len)
+{
+    memset(back, 0, len);
+    run(mw_rails_read(g, back, len, 0), "read back");
+    assert_memory_equal(back, src, len);
+}
+
+/* Node 0 writes 50 MB to node 1 over an RDMA rail and a TCP rail on the
+ * same link, which drops 1% of packets each way with 1 ms +- 1 ms of
+ * delay (so reordered too).  RC's go-back-N resends make next to no
+ * progress there; the group judges the RDMA rail stalled, fails it, and the
+ * transfer finishes over TCP, every byte right.  On the link made clean
+ * again, a new RDMA connection replaces the rail and takes its share. */
+static void a_lossy_rdma_rail_fails_over_to_tcp(void **state)
+{
+    (void)state;
+    const char *peer = me < 2 ? peer_link(me ^ 1, 0) : NULL;
+    char dev[64] = "";
+    mw_rails_t *g = NULL;
+    mw_conn_t *c[2] = {NULL, NULL};
+    mw_remote_t r[2];
+    if (peer)
+        snprintf(dev, sizeof dev, "%s", netdev_to(peer));
+    if (me == 0) {
+        c[0] = connect_over(peer, MW_TRANSPORT_RDMA, &r[0]);
+        c[1] = connect_over(peer, MW_TRANSPORT_TCP, &r[1]);
+        assert_int_equal(mw_rails_new(ctx, 1 << 20, &g), 0);
+        assert_int_equal(mw_rails_set_stall(g, 2000), 0);   /* 1 MiB slices: ~10 ms each here */
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(mw_rails_add(g, c[k], &r[k]), k);
+        fill(LOSSY_BYTES, 3);
+        run(mw_rails_write(g, src, LOSSY_BYTES, 0), "write on the clean link");
+    }
+    barrier("lossy-ready");
+    if (peer)
+        netem(dev, LOSSY_NETEM);
+    barrier("lossy-on");
+    if (me == 0) {
+        fill(LOSSY_BYTES, 4);
+        uint64_t b0 = rail(g, 0).bytes, b1 = rail(g, 1).bytes;
+        double t0 = now_s();
+        mw_future_t *f = mw_rails_write(g, src, LOSSY_BYTES, 0);
+        while (mw_future_state(f) == MW_FUTURE_PENDING && now_s() - t0 < LOSSY_BOUND_S)
+            loop_for(ctx, 100);
+        double took = now_s() - t0;
+        mw_rail_stats_t st0 = rail(g, 0), st1 = rail(g, 1);
+        print_message("node0: 50 MB over a link at %s in %.1f s: RDMA rail %llu MiB (%s%s), "
+                      "TCP rail %llu MiB (%s)\n", LOSSY_NETEM, took,
+                      (unsigned long long)((st0.bytes - b0) >> 20),
+                      st0.state == MW_RAIL_DOWN ? "taken out: " : "up",
+                      st0.state == MW_RAIL_DOWN ? st0.why : "",
+                      (unsigned long long)((st1.bytes - b1) >> 20),
+                      st1.state == MW_RAIL_DOWN ? "down" : "up");
+        assert_int_not_equal(mw_future_state(f), MW_FUTURE_PENDING);
+        run(f, "write over the lossy link");
+        assert_int_equal(st0.state, MW_RAIL_DOWN);
+        assert_int_equal(st1.state, MW_RAIL_UP);
+        assert_true(st1.bytes - b1 >= LOSSY_BYTES / 2);
+    }
+    barrier("lossy-measured");
+    if (peer)
+        netem(dev, NULL);
+    barrier("lossy-off");
+    if (me == 0) {
+        check_back(g, LOSSY_BYTES);              /* over TCP: the RDMA rail is out */
+        mw_conn_abort(c[0]);
+        c[0] = connect_over(peer, MW_TRANSPORT_RDMA, &r[0]);
+        assert_int_equal(mw_rails_replace(g, 0, c[0], &r[0]), 0);
+        for (int i = 0; i < 500 && rail(g, 0).state == MW_RAIL_PROBING; i++)
+            loop_for(ctx, 10);
+        assert_int_equal(rail(g, 0).state, MW_RAIL_UP);
+        uint64_t b0 = rail(g, 0).bytes;
+        fill(LOSSY_BYTES, 5);
+        run(mw_rails_write(g, src, LOSSY_BYTES, 0), "write on the clean link again");
+        uint64_t took0 = rail(g, 0).bytes - b0;
+        print_message("node0: the link clean again: the new RDMA rail took %llu MiB of 50\n",
+                      (unsigned long long)(took0 >> 20));
+        assert_true(took0 >= LOSSY_BYTES / 4);
+        check_back(g, LOSSY_BYTES);
+        mw_rails_free(g);
+        for (int k = 0; k < 2; k++)
+            mw_conn_abort(c[k]);
+    }
+    barrier("lossy-done");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -280,6 +412,7 @@ int main(void)
     assert_int_equal(mw_listen(ctx, a, NULL, on_accept, NULL, &l), 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rails_between_two_links),
+        cmocka_unit_test(a_lossy_rdma_rail_fails_over_to_tcp),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < naccepted; i++)

@@ -6,18 +6,25 @@
  * freeing the group behave.  (The mesh suite takes a real link down.) */
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <cmocka.h>
 
 #include "meshwire.h"
 #include "rxe_util.h"
 
 static const char *addrs[2];
+static char self_path[4096];
+extern char **environ;
 
 #define POOL (64u << 20)
 
@@ -277,10 +284,198 @@ static void arguments_cancel_and_free(void **state)
     rig_close(&k);
 }
 
-int main(void)
+/* --- a rail that stalls while the other moves ------------------------------ */
+
+static mw_rail_stats_t rail_of(mw_rails_t *g, int i)
+{
+    mw_rail_stats_t st;
+    assert_int_equal(mw_rails_stats(g, i, &st), 0);
+    return st;
+}
+
+#define SERVE_PORT 7480
+
+/* Child mode: export the pool to each connection and send it the pool's
+ * descriptor, until killed. */
+static void on_serve(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    static mw_remote_t sent[8];   /* a send reads its buffer later */
+    static int n;
+    if (n == 8 || mw_mem_export(c, arg, POOL, &sent[n]) != 0) {
+        mw_conn_abort(c);
+        return;
+    }
+    mw_future_unref(mw_send(c, &sent[n], sizeof sent[0]));
+    n++;
+}
+
+static int serve(void)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a failed test leaves none stopped */
+    mw_ctx_t *ctx;
+    mw_listener_t *l;
+    char a[64];
+    snprintf(a, sizeof a, "%s:%d", addrs[0], SERVE_PORT);
+    uint8_t *pool;
+    if (mw_ctx_new(&ctx, NULL, NULL) || !(pool = mw_alloc(ctx, POOL)) ||
+        mw_listen(ctx, a, NULL, on_serve, pool, &l))
+        return 2;
+    for (;;)
+        loop_for(ctx, 1000);
+}
+
+/* A connection over @tp to the serving child (it may be starting), and the
+ * pool's descriptor it sends. */
+static mw_conn_t *connect_served(mw_ctx_t *ctx, mw_transport_t tp, mw_remote_t *r)
+{
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.transport = tp;
+    for (int i = 0; i < 200; i++) {
+        mw_future_t *f = rxe_connect_future(ctx, addrs[0], SERVE_PORT, &o);
+        if (mw_wait(f) == 0) {
+            mw_conn_t *c = mw_future_value(f);
+            mw_future_unref(f);
+            mw_msg_t *m = rxe_recv(c, 10000);
+            assert_int_equal(m->len, sizeof *r);
+            memcpy(r, m->data, sizeof *r);
+            mw_msg_free(m);
+            return c;
+        }
+        mw_future_unref(f);
+        loop_for(ctx, 50);
+    }
+    fail_msg("cannot reach the serving child");
+    return NULL;
+}
+
+/* An RDMA rail and a TCP rail to another process's pool.  The process is
+ * stopped (SIGSTOP) mid-transfer: its NIC goes on serving the RDMA rail,
+ * while the TCP rail, which its loop serves, stops.  The group judges the
+ * TCP rail stalled, fails its connection and finishes the write on the
+ * RDMA rail, every byte right, with the process still stopped. */
+static void a_stalled_rail_fails_over_to_a_moving_one(void **state)
+{
+    (void)state;
+    const char *forced = getenv("MW_TRANSPORT");
+    if (rxe_over_tcp() || (forced && strcmp(forced, "auto"))) {
+        printf("SKIP: an RDMA rail and a TCP rail: RDMA here, nothing forced\n");
+        skip();
+    }
+    pid_t pid;
+    char *argv[] = {self_path, "serve", NULL};
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_remote_t r[2];
+    mw_conn_t *c[2] = {connect_served(ctx, MW_TRANSPORT_RDMA, &r[0]),
+                       connect_served(ctx, MW_TRANSPORT_TCP, &r[1])};
+    uint8_t *src = mw_alloc(ctx, POOL), *back = mw_alloc(ctx, POOL);
+    assert_true(src && back);
+    for (size_t i = 0; i < POOL; i += 8) {
+        uint64_t v = i * 0x9e3779b97f4a7c15ull;
+        memcpy(src + i, &v, 8);
+    }
+    mw_rails_t *g;
+    assert_int_equal(mw_rails_new(ctx, 1 << 20, &g), 0);
+    assert_int_equal(mw_rails_set_stall(g, 500), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(mw_rails_add(g, c[i], &r[i]), i);
+    assert_int_equal(wait_for(mw_rails_write(g, src, POOL, 0)), 0);
+    mw_rail_stats_t st0 = {0}, st1 = {0};
+    assert_int_equal(mw_rails_stats(g, 1, &st1), 0);
+    assert_true(st1.bytes > 0);               /* both moved while it ran */
+
+    for (size_t i = 0; i < POOL; i++)
+        src[i] ^= 0xa5;
+    kill(pid, SIGSTOP);
+    double t0 = now_s();
+    assert_int_equal(wait_for(mw_rails_write(g, src, POOL, 0)), 0);
+    double took = now_s() - t0;
+    assert_int_equal(mw_rails_stats(g, 0, &st0), 0);
+    assert_int_equal(mw_rails_stats(g, 1, &st1), 0);
+    printf("the serving process stopped: 64 MiB written in %.2f s; rail 1 (TCP) %s: %s; "
+           "%llu of its slices posted again\n", took, st1.state == MW_RAIL_DOWN ? "down" : "up",
+           st1.why, (unsigned long long)st1.reposted);
+    assert_int_equal(st1.state, MW_RAIL_DOWN);
+    assert_non_null(strstr(st1.why, "stalled"));
+    assert_int_equal(st0.state, MW_RAIL_UP);
+    assert_int_equal(wait_for(mw_rails_read(g, back, POOL, 0)), 0);   /* still stopped */
+    assert_memory_equal(back, src, POOL);
+    mw_future_t *f = mw_send(c[1], "x", 2);
+    assert_int_equal(mw_wait(f), -ETIMEDOUT);   /* the stalled rail's connection failed */
+    mw_future_unref(f);
+
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    mw_rails_free(g);
+    for (int i = 0; i < 2; i++)
+        mw_conn_abort(c[i]);
+    mw_free(ctx, src);
+    mw_free(ctx, back);
+    rxe_wait_conns_gone(ctx);
+    mw_ctx_free(ctx);
+}
+
+/* Two rails that both need the serving process's loop (TCP, or whatever
+ * MW_TRANSPORT forces), the process stopped for 1.5 s mid-transfer with a
+ * stall time of 300 ms: every rail is slow alike, so the peer is, and no
+ * rail is judged: the write completes once the process runs again, both
+ * rails still up.  (A peer outside its loop is not a dead link.) */
+static void rails_all_slow_alike_judge_none(void **state)
+{
+    (void)state;
+    pid_t pid;
+    char *argv[] = {self_path, "serve", NULL};
+    assert_int_equal(posix_spawn(&pid, self_path, NULL, NULL, argv, environ), 0);
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_remote_t r[2];
+    mw_conn_t *c[2] = {connect_served(ctx, MW_TRANSPORT_TCP, &r[0]),
+                       connect_served(ctx, MW_TRANSPORT_TCP, &r[1])};
+    uint8_t *src = mw_alloc(ctx, POOL);
+    assert_non_null(src);
+    memset(src, 0x3c, POOL);
+    mw_rails_t *g;
+    assert_int_equal(mw_rails_new(ctx, 1 << 20, &g), 0);
+    assert_int_equal(mw_rails_set_stall(g, 300), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(mw_rails_add(g, c[i], &r[i]), i);
+    for (int i = 0; i < 500 && (rail_of(g, 0).state != MW_RAIL_UP ||
+                                rail_of(g, 1).state != MW_RAIL_UP); i++)
+        loop_for(ctx, 2);
+    kill(pid, SIGSTOP);
+    double t0 = now_s();
+    mw_future_t *f = mw_rails_write(g, src, POOL, 0);
+    loop_for(ctx, 1500);
+    kill(pid, SIGCONT);
+    assert_int_equal(wait_for(f), 0);
+    printf("the serving process stopped 1.5 s, stall time 0.3 s: written after %.2f s\n",
+           now_s() - t0);
+    for (int i = 0; i < 2; i++) {
+        mw_rail_stats_t st = rail_of(g, i);
+        assert_int_equal(st.state, MW_RAIL_UP);
+        assert_int_equal(st.failures, 0);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    mw_rails_free(g);
+    for (int i = 0; i < 2; i++)
+        mw_conn_abort(c[i]);
+    mw_free(ctx, src);
+    rxe_wait_conns_gone(ctx);
+    mw_ctx_free(ctx);
+}
+
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     rxe_require(2, addrs);
+    if (argc == 2 && !strcmp(argv[1], "serve"))
+        return serve();
+    if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
+        return 1;
     if (getenv("MW_TEST_FILTER"))
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
@@ -290,6 +485,8 @@ int main(void)
         cmocka_unit_test(idle_rail_failure_is_noticed),
         cmocka_unit_test(no_rail_left_fails),
         cmocka_unit_test(arguments_cancel_and_free),
+        cmocka_unit_test(a_stalled_rail_fails_over_to_a_moving_one),
+        cmocka_unit_test(rails_all_slow_alike_judge_none),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
