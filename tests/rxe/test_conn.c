@@ -1293,6 +1293,79 @@ static void a_silent_peer_host_is_cut_within_the_keepalive(void **state)
     silent_host_drop();
 }
 
+/* --- a half-open flood over TCP -------------------------------------------- */
+
+static void count_and_abort(mw_listener_t *l, mw_conn_t *c, void *arg)
+{
+    (void)l;
+    ++*(int *)arg;
+    mw_conn_abort(c);
+}
+
+/* 200 TCP connections that never send a handshake (as a port scan or a
+ * hostile peer leaves them), against a listener with max_accepting 8 and a
+ * 1 s handshake deadline: it holds at most 8 being set up, refuses the
+ * rest at once as "busy", counting them, and once the 8 have timed out a
+ * good client gets in.  (The same over rdma_cm: rxe faults.)  Any
+ * listener that takes TCP: forced, or auto, RDMA here or not. */
+static void tcp_half_open_flood_stays_bounded(void **state)
+{
+    (void)state;
+    const char *forced = getenv("MW_TRANSPORT");
+    if (forced && !strcmp(forced, "rdma")) {
+        printf("SKIP: RDMA forced: no listener takes TCP\n");
+        skip();
+    }
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
+    mw_conn_opts_t o;
+    mw_conn_opts_init(&o);
+    o.max_accepting = 8;
+    o.timeout_ms = 1000;
+    mw_listener_t *l;
+    int accepted = 0;
+    char la[64];
+    snprintf(la, sizeof la, "%s:0", addrs[1]);
+    assert_int_equal(mw_listen(ctx, la, &o, count_and_abort, &accepted, &l), 0);
+    int port = mw_listener_port(l);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    assert_int_equal(inet_pton(AF_INET, addrs[1], &a.sin_addr), 1);
+    enum { FLOOD = 200 };
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        connect(fds[i], (struct sockaddr *)&a, sizeof a);   /* EINPROGRESS */
+    }
+    mw_listener_stats_t ls = {0};
+    size_t held_max = 0;
+    double t0 = now_s();
+    while (now_s() - t0 < 20 && ls.rejected + ls.failed < FLOOD - 8) {
+        loop_for(ctx, 20);
+        size_t n = rxe_conns_left(ctx);
+        held_max = n > held_max ? n : held_max;
+        mw_listener_stats(l, &ls);
+    }
+    printf("TCP half-open flood of %d, max_accepting 8: %llu refused as busy, %llu timed out, "
+           "at most %zu connections held, after %.1f s\n", FLOOD,
+           (unsigned long long)ls.rejected, (unsigned long long)ls.failed, held_max,
+           now_s() - t0);
+    assert_true(ls.rejected + ls.failed >= FLOOD - 8);
+    assert_true(ls.rejected >= FLOOD / 2);
+    assert_true(held_max <= 8 + 2);
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+    loop_for(ctx, 1500);                      /* the last half-open ones time out */
+    mw_conn_opts_t tcp;
+    mw_conn_opts_init(&tcp);
+    tcp.transport = MW_TRANSPORT_TCP;
+    mw_conn_abort(rxe_connect(ctx, addrs[1], port, &tcp));
+    loop_for(ctx, 50);
+    assert_int_equal(accepted, 1);
+    mw_listener_free(l);
+    mw_ctx_free(ctx);
+}
+
 /* --- a host with RDMA meets one without --------------------------------- */
 
 static int tcp_warnings;
@@ -1473,6 +1546,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_peer_outside_its_loop_for_15_s_is_not_dead),
         cmocka_unit_test(a_silent_peer_host_is_cut_within_the_keepalive),
         cmocka_unit_test(a_host_with_rdma_meets_one_without),
+        cmocka_unit_test(tcp_half_open_flood_stays_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
