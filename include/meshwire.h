@@ -920,8 +920,10 @@ MW_EXTERN void mw_batch_free(mw_batch_t *b);
  * mw_rails_set_stall), while another rail completed some: RC resending and
  * resending on a lossy link -- is stalled: the group fails its connection
  * (-ETIMEDOUT, "stalled"; close it and replace the rail when the link is
- * back), which brings its slices back at once to go on the others.  Rails
- * all slow alike mean a slow peer: none is judged.  A rail given a new
+ * back), which brings its slices back at once to go on the others (over
+ * TCP, requests that were already in the peer's socket are still executed
+ * when its loop runs: the same bytes the others wrote).  Rails all slow
+ * alike mean a slow peer: none is judged.  A rail given a new
  * connection (mw_rails_replace) is probed (a 1-byte read) before it is
  * used again.  The group posts on the connections but does not own them:
  * keep them open while it uses them (one closed counts as a failed rail).
