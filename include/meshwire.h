@@ -917,8 +917,8 @@ MW_EXTERN void mw_batch_free(mw_batch_t *b);
  * transports (an RDMA rail and a TCP rail to the same peer: connect with
  * opts.transport each).  A rail that stops making progress while another
  * moves -- slices out on it, none done for the group's stall time (10 s;
- * mw_rails_set_stall), while another rail completed some: RC resending and
- * resending on a lossy link -- is stalled: the group fails its connection
+ * mw_rails_set_stall) while the others completed 8 or more: RC resending
+ * and resending on a lossy link -- is stalled: the group fails its connection
  * (-ETIMEDOUT, "stalled"; close it and replace the rail when the link is
  * back), which brings its slices back at once to go on the others (over
  * TCP, requests that were already in the peer's socket are still executed
@@ -984,8 +984,8 @@ typedef struct mw_rail_stats {
  *  broke is taken out here, so the state is current.  Return: 0, -EINVAL,
  *  -ENOENT. */
 MW_EXTERN int mw_rails_stats(mw_rails_t *g, int rail, mw_rail_stats_t *out);
-/** mw_rails_set_stall() - the time a rail may complete no slice while
- *  another completes some before it is judged stalled (above); 0: never.
+/** mw_rails_set_stall() - the time a rail may complete no slice while the
+ *  others complete 8 before it is judged stalled (above); 0: never.
  *  The default, 10 s, outlasts RC's own recoveries on a loaded soft-RoCE
  *  host (rails idle for 2.5-4 s were seen); a few slices' time on your
  *  links fails over sooner.  Return: 0 or -EINVAL. */

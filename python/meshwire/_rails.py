@@ -126,8 +126,8 @@ class Rails:
         await self._post(entries, read)
 
     def set_stall(self, ms: int) -> None:
-        """How long a rail may complete no slice while another completes
-        some before the group judges it stalled, fails its connection and
+        """How long a rail may complete no slice while the others complete
+        8 before the group judges it stalled, fails its connection and
         moves its slices to the others (10000 by default; 0: never)."""
         if not isinstance(ms, int) or not 0 <= ms < 1 << 32:
             raise ValueError(f"ms={ms!r}: milliseconds, 0 for never")

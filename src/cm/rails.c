@@ -18,6 +18,12 @@
 #define DEFAULT_SLICE (1u << 20)
 #define DEFAULT_STALL_MS 10000   /* rxe, 3 VMs on 2 cores: rails idle 2.5-4 s seen */
 #define STALL_CHECKS 4            /* looks per stall time, while slices are out */
+/* Slices the other rails must complete while one completes none, beside
+ * the stall time: a peer that was outside its loop serves the rail whose
+ * bytes it already holds first, so "another moved" alone misjudged the
+ * rail still waiting for its bytes (1.75 s, stall 300 ms, right after the
+ * peer resumed). */
+#define STALL_PASSES (2 * SLICES_PER_RAIL)
 
 struct gxfer;
 
@@ -55,7 +61,7 @@ struct rail {
     unsigned out;                 /* slices in flight on the current connection */
     uint64_t out_bytes;
     uint64_t moved_ms;            /* its last slice done, or its first out since */
-    uint64_t done_ms;             /* its last slice done */
+    unsigned passed;              /* slices the other rails completed since */
     mw_rail_stats_t st;
 };
 
@@ -119,31 +125,22 @@ static void check_rails(mw_rails_t *g)
 
 /* --- stalls ---------------------------------------------------------------- */
 
-/* Whether a rail other than @i completed a slice after @since. */
-static bool others_moved(const mw_rails_t *g, int i, uint64_t since)
-{
-    for (int j = 0; j < g->n; j++)
-        if (j != i && g->rails[j].st.state == MW_RAIL_UP && g->rails[j].done_ms > since)
-            return true;
-    return false;
-}
-
-/* A rail with slices out that completed none for stall_ms while another
- * completed some is stalled (RC resending on a lossy link, a peer's loop
- * that serves one transport and not the other): its connection is failed,
- * which brings its slices back at once, to go on the others.  When every
- * rail is slow alike, the peer is: nothing is judged. */
+/* A rail with slices out that completed none for stall_ms while the
+ * others completed STALL_PASSES is stalled (RC resending on a lossy link,
+ * a peer's loop that serves one transport and not the other): its
+ * connection is failed, which brings its slices back at once, to go on the
+ * others.  When every rail is slow alike, the peer is: nothing is judged. */
 static void stalls_look(mw_rails_t *g)
 {
     uint64_t now = mw__now_ms();
     for (int i = 0; i < g->n; i++) {
         struct rail *r = &g->rails[i];
         if (r->st.state != MW_RAIL_UP || !r->out || now - r->moved_ms < g->stall_ms ||
-            !others_moved(g, i, r->moved_ms))
+            r->passed < STALL_PASSES)
             continue;
         char why[120];
-        snprintf(why, sizeof why, "stalled: no slice done in %llu ms while other rails moved",
-                 (unsigned long long)(now - r->moved_ms));
+        snprintf(why, sizeof why, "stalled: no slice done in %llu ms while other rails did %u",
+                 (unsigned long long)(now - r->moved_ms), r->passed);
         rail_down(g, i, -ETIMEDOUT, why);
         int err;
         struct mw__conn *c = mw__conn_of(r->conn, "mw_rails", &err);
@@ -398,8 +395,10 @@ static int post_slice(struct gxfer *t, struct slice *s, int ri)
     s->f = f;
     s->rail = ri;
     s->rail_gen = r->gen;
-    if (!r->out)
+    if (!r->out) {
         r->moved_ms = mw__now_ms();   /* busy from now */
+        r->passed = 0;
+    }
     r->out++;
     r->out_bytes += s->bytes;
     t->inflight++;
@@ -472,7 +471,10 @@ static void on_slice_done(mw_future_t *f, void *arg)
     if (!err) {
         r->st.bytes += s->bytes;
         r->st.slices++;
-        r->moved_ms = r->done_ms = mw__now_ms();
+        r->moved_ms = mw__now_ms();
+        r->passed = 0;
+        for (int j = 0; j < g->n; j++)    /* the others waited while this one moved */
+            g->rails[j].passed += j != s->rail && g->rails[j].out;
         t->left--;
     } else if (!t->stopping && (err == -EFAULT || err == -EBUSY)) {
         /* (-EBUSY: the slice may still land late; never post it again) */
