@@ -600,9 +600,11 @@ typedef struct mw_conn_opts {
                                    TCP on the same port number (on one
                                    alone where the other cannot listen,
                                    logged), and connects over RDMA to each
-                                   address in turn, then, when all failed
-                                   and no meshwire peer refused, over TCP
-                                   to each, logging once that it did and
+                                   address in turn, then, when all failed,
+                                   none by a timeout resolving it (that
+                                   passes: a retry goes over RDMA), and no
+                                   meshwire peer refused, over TCP to
+                                   each, logging once that it did and
                                    why: a peer with no RDMA, none its way,
                                    or a device here that cannot serve
                                    (memlock, completion queues full) does

@@ -251,6 +251,8 @@ struct mw__conn_setup {
     bool over_tcp;                /* ... and that pass is on */
     bool heard_no;                /* a meshwire peer refused over RDMA: TCP
                                      would be refused alike */
+    bool rdma_slow;               /* an address timed out resolving over
+                                     RDMA: that may pass, so no TCP */
 
     /* passive side: the listener it came through */
     struct mw__listener *listener;

@@ -47,6 +47,8 @@ void mw__connect_attempt_failed(struct mw__conn *c, int err, const char *fmt, co
 
 static void on_step_timeout(struct mw__conn *c)
 {
+    if (c->state == MW__CONN_RESOLVING_ADDR || c->state == MW__CONN_RESOLVING_ROUTE)
+        c->setup->rdma_slow = true;
     char what[64];
     snprintf(what, sizeof what, "%s", mw__conn_state_str(c->state));
     mw__connect_attempt_failed(c, -ETIMEDOUT, "timed out %s", what);
@@ -81,12 +83,14 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
     return i;
 }
 
-/* Every address failed over RDMA, none refused by a meshwire peer: the
- * peer may have no RDMA, or none its way; over TCP, in the same order. */
+/* Every address failed over RDMA, none refused by a meshwire peer, none
+ * slow to resolve (a loaded host's neighbour resolution, which passes: a
+ * connect retried then goes over RDMA): the peer may have no RDMA, or none
+ * its way; over TCP, in the same order. */
 static bool on_to_tcp(struct mw__conn *c)
 {
     struct mw__conn_setup *s = c->setup;
-    if (!s->tcp_after || s->heard_no)
+    if (!s->tcp_after || s->heard_no || s->rdma_slow)
         return false;
     s->tcp_after = false;
     s->over_tcp = true;
@@ -384,9 +388,11 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
                                 ev->param.conn.private_data_len);
         return;
     case RDMA_CM_EVENT_ADDR_ERROR:
+        c->setup->rdma_slow |= ev->status == -ETIMEDOUT;
         mw__connect_attempt_failed(c, -EHOSTUNREACH, "address resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_ROUTE_ERROR:
+        c->setup->rdma_slow |= ev->status == -ETIMEDOUT;
         mw__connect_attempt_failed(c, -EHOSTUNREACH, "route resolution failed: %s", mw_strerror(ev->status));
         return;
     case RDMA_CM_EVENT_UNREACHABLE:
