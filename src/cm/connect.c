@@ -62,14 +62,19 @@ static void on_step_timeout(struct mw__conn *c)
  * @src, on no RDMA device. */
 static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct sockaddr_storage *src)
 {
+    struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
     const struct mw__nic *nics;
     size_t n;
-    mw__cm_nics(c->ctx->layers[MW__LAYER_CM].state, &nics, &n);
+    mw__cm_nics(cm, &nics, &n);
     int i = mw__nic_choose(nics, n, peer);
     char p[MW__ADDR_STRLEN];
     if (i < 0) {
-        if (mw__nic_route_rdma(nics, n, peer, src) == 0)
-            return NO_RDMA_WAY;
+        if (mw__nic_route_rdma(nics, n, peer, src) == 0) {
+            mw__cm_nics_changed(cm);  /* listed before a device came back? */
+            mw__cm_nics(cm, &nics, &n);
+            if (mw__nic_route_rdma(nics, n, peer, src) == 0)
+                return NO_RDMA_WAY;
+        }
         MW_LOG(c->ctx, MW_LOG_INFO, "peer %s: no local RDMA address on its subnet, "
                "the routing table decides", mw__addr_str(peer, p, sizeof p));
         return -1;
