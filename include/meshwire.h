@@ -924,7 +924,9 @@ MW_EXTERN void mw_batch_free(mw_batch_t *b);
  * (-ETIMEDOUT, "stalled"; close it and replace the rail when the link is
  * back), which brings its slices back at once to go on the others (over
  * TCP, requests that were already in the peer's socket are still executed
- * when its loop runs: the same bytes the others wrote).  Rails all slow
+ * when its loop runs: the same bytes the others wrote; a known bug, open:
+ * a TCP rail failed so while its peer is stopped has at times kept its
+ * slices until the peer ran again).  Rails all slow
  * alike mean a slow peer: none is judged.  A rail given a new
  * connection (mw_rails_replace) is probed (a 1-byte read) before it is
  * used again.  The group posts on the connections but does not own them:
