@@ -170,9 +170,7 @@ static void stalls_watch(mw_rails_t *g)
         return;
     if (!g->stall_ev && !(g->stall_ev = evtimer_new(g->ctx->base, on_stall_timer, g)))
         return;                   /* no memory: no stall judged, no harm */
-    unsigned ms = g->stall_ms / STALL_CHECKS ? g->stall_ms / STALL_CHECKS : 1;
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    evtimer_add(g->stall_ev, &tv);
+    mw__ev_add_ms(g->ctx, g->stall_ev, g->stall_ms / STALL_CHECKS ? g->stall_ms / STALL_CHECKS : 1);
 }
 
 /* --- probing -------------------------------------------------------------- */
