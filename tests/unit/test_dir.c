@@ -1181,6 +1181,50 @@ static void store_away_times_out_and_recovers(void **state)
     assert_int_equal(below, 0);
 }
 
+/* An inference server's workers all asking for one name at once (the
+ * stranger of the rxe dir test: 200 connects by name): each lookup is
+ * answered, right, within the directory's timeout.  On etcd, whose link
+ * carries one request at a time, those asking alike share one request;
+ * with the store stopped, each still fails at its own deadline. */
+static void many_lookups_of_one_name_at_once(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    store_flush();
+    mw_ctx_t *ctx = ctx_new();
+    mw_directory_t *d = open_dir_waiting(ctx, 60000, 1000);
+    publish(d, "job/one", "10.0.0.7:7470", NULL);
+    mw_future_t **f = calloc(N, sizeof *f);
+    for (int i = 0; i < N; i++)
+        f[i] = mw_dir_lookup(d, "job/one");
+    for (int i = 0; i < N; i++) {
+        mw_dir_list_t *l = value_of(f[i], 0);
+        assert_string_equal(l->e[0].addrs, "10.0.0.7:7470");
+        mw_dir_list_free(l);
+    }
+    pid_t store = on_etcd ? ef.pid : rf.pid;
+    stop_until_stopped(store);
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 50; i++) {
+        f[i] = mw_dir_lookup(d, "job/one");
+        run(ctx, i % 10 ? 0 : 20, NULL);           /* deadlines of their own */
+    }
+    for (int i = 0; i < 50; i++)
+        value_of(f[i], -ETIMEDOUT);
+    assert_true(now_ms() - t0 < 3000);
+    kill(store, SIGCONT);
+    for (int i = 0; i < 20; i++)
+        f[i] = mw_dir_lookup(d, i % 2 ? "job/one" : "job/none");
+    for (int i = 0; i < 20; i++) {
+        mw_dir_list_t *l = value_of(f[i], i % 2 ? 0 : -ENOENT);
+        if (l)
+            mw_dir_list_free(l);
+    }
+    free(f);
+    mw_dir_free(d);
+    mw_ctx_free(ctx);
+}
+
 /* What a store writer can do by hand: a value under @key, listed in the
  * prefix's index and announced to watchers as meshwire's puts are. */
 static void hostile_put(const char *key, const char *val)
@@ -1540,6 +1584,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(store_with_a_password),
         cmocka_unit_test(store_traffic_wakes_mw_ctx_fd),
         cmocka_unit_test(store_away_times_out_and_recovers),
+        cmocka_unit_test(many_lookups_of_one_name_at_once),
         cmocka_unit_test(store_name_lookup_that_hangs_keeps_the_loop_on_time),
         cmocka_unit_test(store_that_never_answers_is_tried_again),
         cmocka_unit_test(store_restart_reregisters_and_rewatches),

@@ -112,6 +112,12 @@ int mw__etcd_request(struct mw__etcd *st, const char *path, const char *body, mw
  * entry), as the one command of each operation is with Redis. */
 int mw__etcd_request_next(struct mw__etcd *st, const char *path, const char *body,
                           mw__etcd_fn fn, void *arg);
+/* mw__etcd_read() - the same for a read that changes nothing: a caller
+ * asking what another asked, not yet sent, joins it and gets its answer
+ * (made after both asked), so that many lookups of one name at once are
+ * one request, not a queue longer than the timeout. */
+int mw__etcd_read(struct mw__etcd *st, const char *path, const char *body, mw__etcd_fn fn,
+                  void *arg);
 /* The request link is up: what waits goes out.  (Its ready.) */
 void mw__etcd_requests_ready(struct mw__etcd_link *l);
 /* Closing: what waits fails -ECANCELED; with @keep_deletes and the link

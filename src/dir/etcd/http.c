@@ -29,6 +29,9 @@ struct ereq {
     char *path, *body;
     struct event *timer;
     bool sent;                         /* in flight on the request link */
+    bool shared;                       /* a read others may join while unsent */
+    bool joiner;                       /* in another's joined list, not waiting */
+    struct mw__list joined;            /* callers of the same read, answered with it */
     mw__etcd_fn fn;
     void *arg;
 };
@@ -301,6 +304,24 @@ static void req_free(struct ereq *r)
     mw__free(r);
 }
 
+/* @r leaves: the first caller that joined it takes its place in the
+ * queue, with its state, and the others' (their own deadlines go on). */
+static void req_hand_over(struct ereq *r)
+{
+    if (mw__list_empty(&r->joined))
+        return;
+    struct ereq *h = mw__list_first(&r->joined, struct ereq, link);
+    mw__list_del(&h->link);
+    h->sent = r->sent;
+    h->joiner = false;
+    mw__list_add_tail(&r->link, &h->link);          /* right where r is */
+    while (!mw__list_empty(&r->joined)) {
+        struct ereq *j = mw__list_first(&r->joined, struct ereq, link);
+        mw__list_del(&j->link);
+        mw__list_add_tail(&h->joined, &j->link);
+    }
+}
+
 static void req_finish(struct ereq *r, int err, const char *why, struct json_object *res)
 {
     struct mw__etcd *st = r->st;
@@ -313,6 +334,29 @@ static void req_finish(struct ereq *r, int err, const char *why, struct json_obj
         mw__etcd_done_maybe(st);      /* closing: was it the last? */
 }
 
+/* @r and every caller that joined it get the one answer; those after a
+ * callback that closed the directory, -ECANCELED as closing gives. */
+static void req_finish_all(struct ereq *r, int err, const char *why, struct json_object *res)
+{
+    struct mw__etcd *st = r->st;
+    struct mw__list all;
+    mw__list_init(&all);
+    mw__list_del(&r->link);
+    mw__list_add_tail(&all, &r->link);
+    while (!mw__list_empty(&r->joined)) {
+        struct ereq *j = mw__list_first(&r->joined, struct ereq, link);
+        mw__list_del(&j->link);
+        mw__list_add_tail(&all, &j->link);
+    }
+    while (!mw__list_empty(&all)) {
+        struct ereq *x = mw__list_first(&all, struct ereq, link);
+        if (st->closing)
+            req_finish(x, -ECANCELED, "the directory closed", NULL);
+        else
+            req_finish(x, err, why, res);
+    }
+}
+
 /* etcd's error answer: {"error": "...", "message": "...", "code": N}. */
 static void answer_error(struct mw__etcd *st, struct ereq *r, int status,
                          struct json_object *o)
@@ -323,7 +367,7 @@ static void answer_error(struct mw__etcd *st, struct ereq *r, int status,
     snprintf(why, sizeof why, "etcd answered %d: %.200s", status, m ? m : "(no message)");
     if ((status == 401 || status == 403) && st->hooks.refused)
         st->hooks.refused(st->hooks.arg, -EACCES, why);
-    req_finish(r, status == 401 || status == 403 ? -EACCES : -EIO, why, NULL);
+    req_finish_all(r, status == 401 || status == 403 ? -EACCES : -EIO, why, NULL);
 }
 
 /* The link's first answer (its setup), or the first request's. */
@@ -348,13 +392,13 @@ static void request_answered(struct mw__etcd_link *l)
     } else if (!mw__list_empty(&st->waiting)) {
         struct ereq *r = mw__list_first(&st->waiting, struct ereq, link);
         if (l->resp.too_long)
-            req_finish(r, -EMSGSIZE, "the store's answer is over 4 MiB", NULL);
+            req_finish_all(r, -EMSGSIZE, "the store's answer is over 4 MiB", NULL);
         else if (l->resp.status != 200)
             answer_error(st, r, l->resp.status, o);
         else if (!o)
-            req_finish(r, -EPROTO, "the store's answer is not JSON", NULL);
+            req_finish_all(r, -EPROTO, "the store's answer is not JSON", NULL);
         else
-            req_finish(r, 0, NULL, o);
+            req_finish_all(r, 0, NULL, o);
         flush_waiting(st);
     }
     if (o)
@@ -378,20 +422,38 @@ static void on_req_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     struct ereq *r = arg;
     struct mw__etcd *st = r->st;
-    bool was_sent = r->sent;
+    bool was_sent = r->sent, leads = !r->joiner;
+    if (leads)
+        req_hand_over(r);
     req_finish(r, -ETIMEDOUT, "the store did not answer in time", NULL);
-    if (was_sent)                      /* its answer would answer the next one */
+    if (leads && was_sent)             /* its answer would answer the next one */
         mw__etcd_link_drop(&st->req, "the store did not answer in time");
 }
 
+/* A read of @path with @body that waits unsent: a new caller of the same
+ * read may join it, as its answer is made after both asked. */
+static struct ereq *shared_read(struct mw__etcd *st, const char *path, const char *body)
+{
+    struct ereq *r;
+    mw__list_for_each(r, &st->waiting, link)
+        if (r->shared && !r->sent && !strcmp(r->path, path) && !strcmp(r->body, body))
+            return r;
+    return NULL;
+}
+
+/* Where a new request goes: behind what waits; next (an operation's next
+ * step); or joined to the same read if one waits unsent, else behind. */
+enum place { LAST, NEXT, SHARED };
+
 static int request(struct mw__etcd *st, const char *path, const char *body, mw__etcd_fn fn,
-                   void *arg, bool first)
+                   void *arg, enum place at)
 {
     struct ereq *r = mw__calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
-    *r = (struct ereq){.st = st, .fn = fn, .arg = arg};
+    *r = (struct ereq){.st = st, .fn = fn, .arg = arg, .shared = at == SHARED};
     mw__list_init(&r->link);
+    mw__list_init(&r->joined);
     r->path = mw__malloc(strlen(path) + 1);
     r->body = mw__malloc(strlen(body) + 1);
     r->timer = evtimer_new(st->ctx->base, on_req_timeout, r);
@@ -404,9 +466,13 @@ static int request(struct mw__etcd *st, const char *path, const char *body, mw__
     mw__ev_add_ms(st->ctx, r->timer, st->timeout_ms);
     struct ereq *head = mw__list_empty(&st->waiting)
                             ? NULL : mw__list_first(&st->waiting, struct ereq, link);
-    if (first && head && !head->sent)
+    struct ereq *same = at == SHARED ? shared_read(st, path, body) : NULL;
+    if (same) {                                         /* kept whole, should it lead */
+        r->joiner = true;
+        mw__list_add_tail(&same->joined, &r->link);
+    } else if (at == NEXT && head && !head->sent)
         mw__list_add_tail(st->waiting.next, &r->link);  /* before what waits */
-    else if (first && head)
+    else if (at == NEXT && head)
         mw__list_add_tail(head->link.next, &r->link);   /* right after the one in flight */
     else
         mw__list_add_tail(&st->waiting, &r->link);
@@ -417,13 +483,19 @@ static int request(struct mw__etcd *st, const char *path, const char *body, mw__
 int mw__etcd_request(struct mw__etcd *st, const char *path, const char *body, mw__etcd_fn fn,
                      void *arg)
 {
-    return request(st, path, body, fn, arg, false);
+    return request(st, path, body, fn, arg, LAST);
 }
 
 int mw__etcd_request_next(struct mw__etcd *st, const char *path, const char *body,
                           mw__etcd_fn fn, void *arg)
 {
-    return request(st, path, body, fn, arg, true);
+    return request(st, path, body, fn, arg, NEXT);
+}
+
+int mw__etcd_read(struct mw__etcd *st, const char *path, const char *body, mw__etcd_fn fn,
+                  void *arg)
+{
+    return request(st, path, body, fn, arg, SHARED);
 }
 
 void mw__etcd_requests_ready(struct mw__etcd_link *l)
@@ -441,6 +513,9 @@ bool mw__etcd_requests_cancel(struct mw__etcd *st, bool keep_deletes)
     while (n != &st->waiting) {
         struct ereq *r = mw__container_of(n, struct ereq, link);
         n = n->next;
+        while (!mw__list_empty(&r->joined))
+            req_finish(mw__list_first(&r->joined, struct ereq, link), -ECANCELED,
+                       "the directory closed", NULL);
         bool keep = keep_deletes && st->req.up &&
                     (r->sent || !strcmp(r->path, "/v3/lease/revoke"));
         if (!keep) {

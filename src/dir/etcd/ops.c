@@ -333,7 +333,9 @@ static int op_get(struct mw__store *s, const char *key, mw__store_get_fn fn, voi
     if (!o)
         return -ENOMEM;
     o->fn.get = fn;
-    int rc = call(o, "/v3/kv/range", body("key", o->key, NULL, NULL, NULL, NULL), on_get);
+    char *b = body("key", o->key, NULL, NULL, NULL, NULL);
+    int rc = b ? mw__etcd_read(o->st, "/v3/kv/range", b, on_get, o) : -ENOMEM;
+    mw__free(b);
     if (rc < 0)
         op_free(o);
     return rc;
