@@ -924,10 +924,12 @@ MW_EXTERN void mw_batch_free(mw_batch_t *b);
  * (-ETIMEDOUT, "stalled"; close it and replace the rail when the link is
  * back), which brings its slices back at once to go on the others (over
  * TCP, requests that were already in the peer's socket are still executed
- * when its loop runs: the same bytes the others wrote; a known bug, open:
- * a TCP rail failed so while its peer is stopped has at times kept its
- * slices until the peer ran again).  Rails all slow
- * alike mean a slow peer: none is judged.  A rail given a new
+ * when its loop runs: the same bytes the others wrote).  The stall time
+ * is how long a healthy rail may sit idle: under load an RDMA rail on
+ * soft-RoCE has sat out RC resends of 0.6 s while TCP moved, and a stall
+ * time under that judges it.  Rails all slow alike mean a slow peer: none
+ * is judged, and a transfer left with one rail to a peer outside its loop
+ * waits for it, as a connection would.  A rail given a new
  * connection (mw_rails_replace) is probed (a 1-byte read) before it is
  * used again.  The group posts on the connections but does not own them:
  * keep them open while it uses them (one closed counts as a failed rail).
