@@ -294,7 +294,9 @@ static mw_rail_stats_t rail_of(mw_rails_t *g, int i)
     return st;
 }
 
-#define SERVE_PORT 7480
+/* The serving children's ports: this run's own, so that two runs at once
+ * (or another program on a fixed port) do not meet. */
+static int serve_port;
 
 /* Child mode: listen on @port, export the pool to each connection and
  * send it the pool's descriptor, until killed. */
@@ -388,14 +390,14 @@ static void a_stalled_rail_fails_over_to_a_moving_one(void **state)
         skip();
     }
     bool one_peer = !rxe_over_tcp();
-    pid_t stopped = spawn_server(SERVE_PORT, !one_peer);
-    pid_t moving = one_peer ? stopped : spawn_server(SERVE_PORT + 1, true);
+    pid_t stopped = spawn_server(serve_port, !one_peer);
+    pid_t moving = one_peer ? stopped : spawn_server(serve_port + 1, true);
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     mw_remote_t r[2];
-    mw_conn_t *c[2] = {one_peer ? connect_served(ctx, MW_TRANSPORT_RDMA, SERVE_PORT, &r[0])
-                                : connect_served(ctx, MW_TRANSPORT_AUTO, SERVE_PORT + 1, &r[0]),
-                       connect_served(ctx, MW_TRANSPORT_TCP, SERVE_PORT, &r[1])};
+    mw_conn_t *c[2] = {one_peer ? connect_served(ctx, MW_TRANSPORT_RDMA, serve_port, &r[0])
+                                : connect_served(ctx, MW_TRANSPORT_AUTO, serve_port + 1, &r[0]),
+                       connect_served(ctx, MW_TRANSPORT_TCP, serve_port, &r[1])};
     uint8_t *src = mw_alloc(ctx, POOL), *back = mw_alloc(ctx, POOL);
     assert_true(src && back);
     for (size_t i = 0; i < POOL; i += 8) {
@@ -464,12 +466,12 @@ static void a_stalled_rail_fails_over_to_a_moving_one(void **state)
 static void rails_all_slow_alike_judge_none(void **state)
 {
     (void)state;
-    pid_t pid = spawn_server(SERVE_PORT, false);
+    pid_t pid = spawn_server(serve_port, false);
     mw_ctx_t *ctx;
     assert_int_equal(mw_ctx_new(&ctx, NULL, NULL), 0);
     mw_remote_t r[2];
-    mw_conn_t *c[2] = {connect_served(ctx, MW_TRANSPORT_TCP, SERVE_PORT, &r[0]),
-                       connect_served(ctx, MW_TRANSPORT_TCP, SERVE_PORT, &r[1])};
+    mw_conn_t *c[2] = {connect_served(ctx, MW_TRANSPORT_TCP, serve_port, &r[0]),
+                       connect_served(ctx, MW_TRANSPORT_TCP, serve_port, &r[1])};
     uint8_t *src = mw_alloc(ctx, POOL);
     assert_non_null(src);
     memset(src, 0x3c, POOL);
@@ -512,6 +514,7 @@ int main(int argc, char **argv)
         return serve(atoi(argv[2]), argc == 4);
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
         return 1;
+    serve_port = 20000 + (int)(getpid() % 10000) * 2;
     if (getenv("MW_TEST_FILTER"))
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
