@@ -315,11 +315,7 @@ static void req_hand_over(struct ereq *r)
     h->sent = r->sent;
     h->joiner = false;
     mw__list_add_tail(&r->link, &h->link);          /* right where r is */
-    while (!mw__list_empty(&r->joined)) {
-        struct ereq *j = mw__list_first(&r->joined, struct ereq, link);
-        mw__list_del(&j->link);
-        mw__list_add_tail(&h->joined, &j->link);
-    }
+    mw__list_move_all(&h->joined, &r->joined);
 }
 
 static void req_finish(struct ereq *r, int err, const char *why, struct json_object *res)
@@ -343,11 +339,7 @@ static void req_finish_all(struct ereq *r, int err, const char *why, struct json
     mw__list_init(&all);
     mw__list_del(&r->link);
     mw__list_add_tail(&all, &r->link);
-    while (!mw__list_empty(&r->joined)) {
-        struct ereq *j = mw__list_first(&r->joined, struct ereq, link);
-        mw__list_del(&j->link);
-        mw__list_add_tail(&all, &j->link);
-    }
+    mw__list_move_all(&all, &r->joined);
     while (!mw__list_empty(&all)) {
         struct ereq *x = mw__list_first(&all, struct ereq, link);
         if (st->closing)

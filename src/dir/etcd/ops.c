@@ -116,20 +116,27 @@ static char *body(const char *n1, const char *v1, const char *n2, const char *v2
     return b;
 }
 
+typedef int (*request_fn)(struct mw__etcd *st, const char *path, const char *body,
+                          mw__etcd_fn fn, void *arg);
+
+/* Ask @path with body @b (taken) by @req: 0 or -ENOMEM. */
+static int ask(struct op *o, request_fn req, const char *path, char *b, mw__etcd_fn fn)
+{
+    int rc = b ? req(o->st, path, b, fn, o) : -ENOMEM;
+    mw__free(b);
+    return rc;
+}
+
 /* An operation's first call, queued behind what waits. */
 static int call(struct op *o, const char *path, char *b, mw__etcd_fn fn)
 {
-    int rc = b ? mw__etcd_request(o->st, path, b, fn, o) : -ENOMEM;
-    mw__free(b);
-    return rc;
+    return ask(o, mw__etcd_request, path, b, fn);
 }
 
 /* Its next call, sent before anything else (etcd.h). */
 static int then(struct op *o, const char *path, char *b, mw__etcd_fn fn)
 {
-    int rc = b ? mw__etcd_request_next(o->st, path, b, fn, o) : -ENOMEM;
-    mw__free(b);
-    return rc;
+    return ask(o, mw__etcd_request_next, path, b, fn);
 }
 
 /* The first key-value of a range's answer, or NULL. */
@@ -333,9 +340,8 @@ static int op_get(struct mw__store *s, const char *key, mw__store_get_fn fn, voi
     if (!o)
         return -ENOMEM;
     o->fn.get = fn;
-    char *b = body("key", o->key, NULL, NULL, NULL, NULL);
-    int rc = b ? mw__etcd_read(o->st, "/v3/kv/range", b, on_get, o) : -ENOMEM;
-    mw__free(b);
+    int rc = ask(o, mw__etcd_read, "/v3/kv/range", body("key", o->key, NULL, NULL, NULL, NULL),
+                 on_get);
     if (rc < 0)
         op_free(o);
     return rc;
