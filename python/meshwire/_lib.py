@@ -10,7 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from ._ffi import ffi
+try:
+    from ._ffi import ffi
+except ModuleNotFoundError as e:  # a venv made without --system-site-packages
+    if e.name != "_cffi_backend":
+        raise
+    raise ImportError(
+        "meshwire needs cffi, which this interpreter does not find: install Debian's "
+        "(apt-get install python3-cffi), and in a venv make it with "
+        "--system-site-packages (python3 -m venv --system-site-packages DIR)") from e
 from ._libpath import LIB
 
 SONAME = "libmeshwire.so.0"

@@ -94,6 +94,19 @@ def test_a_venv_after_pip_install(tmp_path):
     assert lib == os.path.join(BUILD_ROOT, "src", "libmeshwire.so.0")
 
 
+def test_a_venv_without_debians_packages_says_what_it_lacks(tmp_path):
+    """A plain venv (no --system-site-packages) has no cffi: the import
+    fails naming cffi and what gives it, not with cffi's internals."""
+    venv = tmp_path / "bare"
+    run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], {})
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", "import meshwire"],
+                       env={"PYTHONPATH": BUILD_PY, "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "ImportError: meshwire needs cffi" in p.stderr
+    assert "--system-site-packages" in p.stderr
+
+
 def test_meson_installs_the_package_where_debians_python3_looks():
     """meson install itself writes to the prefix, so not here: what it would
     install, read from meson: the package in one of /usr/bin/python3's site
