@@ -41,6 +41,17 @@ void mc_hop_fail(struct mc_hop *h, int err, const char *fmt, ...)
     mc_kick(h->waker);
 }
 
+void mc_hop_give_up(struct mc_hop *h, int err, const char *why)
+{
+    if (h->err)
+        return;
+    if (h->c) {
+        mc_send_simple(h->c, MC_ERROR, 0, 0, why);
+        h->told = true;
+    }
+    mc_hop_fail(h, err, "%s", why);
+}
+
 static void read_next(struct mc_hop *h);
 
 static void queue(struct mc_hop *h, const struct mc_msg *m)
@@ -216,7 +227,7 @@ void mc_hop_close(struct mc_hop *h)
     if (!h->c)
         return;
     h->closed = true;
-    if (h->err) {
+    if (h->err && !h->told) {
         mw_conn_abort(h->c);
     } else {
         mw_future_t *f = mw_conn_close(h->c);

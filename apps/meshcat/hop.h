@@ -40,6 +40,8 @@ struct mc_hop {
     char why[600];
     bool peer_error;              /* why came from the peer's ERROR */
     bool closed;                  /* the peer said BYE or closed cleanly */
+    bool told;                    /* we sent the peer our ERROR: closing
+                                     lets it arrive (an abort would drop it) */
     struct mc_qmsg *head, *tail;
     struct mc_waker *waker;       /* kicked when anything happens */
 };
@@ -50,6 +52,9 @@ void mc_hop_start(struct mc_hop *h, struct mc_waker *k, mw_conn_t *c, const char
  * @o->timeout_ms. */
 int mc_hop_connect(struct mc_hop *h, struct mc_waker *k, mw_directory_t *dir,
                    const char *name, const mw_conn_opts_t *o);
+/* mc_hop_give_up() - fail @h for @err, telling the peer @why (its ERROR)
+ * first, unless @h failed already. */
+void mc_hop_give_up(struct mc_hop *h, int err, const char *why);
 /* mc_hop_next() - wait for the next queued message (not CREDIT); 0, or the
  * hop's error (a peer's ERROR included).  Runs the loop: not from callbacks. */
 int mc_hop_next(struct mc_hop *h, struct mc_msg *out);

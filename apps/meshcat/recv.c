@@ -49,16 +49,6 @@ static bool relaying(const struct receiver *x)
     return x->down.c != NULL;
 }
 
-/* Tell the sender (and the rest of the chain) why we stop, once. */
-static void give_up(struct receiver *x, int err, const char *why)
-{
-    if (x->up.err)
-        return;
-    if (x->up.c)
-        mc_send_simple(x->up.c, MC_ERROR, 0, 0, why);
-    mc_hop_fail(&x->up, err, "%s", why);
-}
-
 /* Write what arrived, pass it on, credit what is done with. */
 static void consume(struct receiver *x)
 {
@@ -101,14 +91,14 @@ static void react(void *arg)
     char why[700];
     if (x->s.interrupted) {
         snprintf(why, sizeof why, "receiver interrupted (signal %d)", x->s.interrupted);
-        give_up(x, -EINTR, why);
+        mc_hop_give_up(&x->up, -EINTR, why);
     }
     if (relaying(x) && x->down.err && !x->up.err)
-        give_up(x, x->down.err, x->down.why);  /* the chain is broken downstream */
+        mc_hop_give_up(&x->up, x->down.err, x->down.why);  /* the chain is broken downstream */
     if (x->write_err && !x->up.err) {
         snprintf(why, sizeof why, "%.400s: cannot write: %s", x->to_stdout ? "stdout" : x->final,
                  strerror(-x->write_err));
-        give_up(x, x->write_err, why);
+        mc_hop_give_up(&x->up, x->write_err, why);
     }
     if (!x->up.err)
         consume(x);
@@ -119,7 +109,7 @@ static void on_imm(mw_conn_t *c, uint32_t imm, void *arg)
     (void)c;
     struct receiver *x = arg;
     if (!x->receiving || x->arrived - x->freed >= x->window || imm > x->chunk) {
-        give_up(x, -EPROTO, "the sender wrote outside the protocol");
+        mc_hop_give_up(&x->up, -EPROTO, "the sender wrote outside the protocol");
         return;
     }
     x->lens[x->arrived++ % x->window] = imm;
@@ -275,7 +265,7 @@ static int fail_file(struct receiver *x, int err, const char *why)
     discard_output(x);
     mc_sum_drop(&x->sum);
     x->receiving = false;
-    give_up(x, err, why);
+    mc_hop_give_up(&x->up, err, why);
     mc_say(&x->s, -1, "%s", why);
     x->said = true;
     return err;
@@ -414,20 +404,20 @@ static int handshake(struct receiver *x)
         return rc;
     if (m.type != MC_HELLO || m.a < 1 || m.b < 1 || m.b > MC_WINDOW_MAX || m.a > MC_CHUNK_MAX ||
         m.a * m.b > RING_MAX) {
-        give_up(x, -EPROTO, "bad HELLO");
+        mc_hop_give_up(&x->up, -EPROTO, "bad HELLO");
         return -EPROTO;
     }
     x->chunk = m.a;
     x->window = (unsigned)m.b;
     if ((rc = open_down(x, m.text))) {
-        give_up(x, rc, x->down.why);
+        mc_hop_give_up(&x->up, rc, x->down.why);
         return rc;
     }
     x->ring = mw_alloc(x->s.ctx, x->chunk * x->window);
     x->lens = calloc(x->window, sizeof *x->lens);
     struct mc_msg r = {.type = MC_READY};
     if (!x->ring || !x->lens || mw_mem_export(x->up.c, x->ring, x->chunk * x->window, &r.ring)) {
-        give_up(x, -ENOMEM, "the receiver is out of memory");
+        mc_hop_give_up(&x->up, -ENOMEM, "the receiver is out of memory");
         return -ENOMEM;
     }
     mw_conn_stats_t st;
@@ -461,7 +451,7 @@ int mc_recv_main(const struct mc_args *a)
     struct mc_msg m;
     while (!rc && !(rc = mc_hop_next(&x.up, &m)) && m.type != MC_BYE) {
         if (m.type != MC_FILE) {
-            give_up(&x, -EPROTO, "the sender broke the protocol");
+            mc_hop_give_up(&x.up, -EPROTO, "the sender broke the protocol");
             rc = -EPROTO;
         } else {
             rc = receive_file(&x, &m);

@@ -13,6 +13,8 @@ struct lateness {
     double last_s, last_cpu_s;
     double worst_ms;              /* the longest gap between ticks */
     double worst_cpu_ms;          /* the most CPU time between ticks */
+    double cpu_bound_ms;          /* set by the caller (0: none)... */
+    int cpu_over;                 /* ...and the gaps whose CPU time passed it */
 };
 
 /* lateness_start() - tick on @ctx's loop from now.  Return 0 or -1. */

@@ -364,6 +364,7 @@ static void large_share_is_exported_off_the_loop(void **state)
 
     struct lateness t;
     assert_int_equal(lateness_start(ctx, &t), 0);
+    t.cpu_bound_ms = lateness_bound_ms(20);
     double t0 = now_s(), pinned = 0;
     int st, held = -1;
     while (waitpid(pid, &st, WNOHANG) == 0) {
@@ -375,8 +376,9 @@ static void large_share_is_exported_off_the_loop(void **state)
     lateness_stop(&t);
     held = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     printf("%d of %d connections held in %.1f s; the publisher's loop at most %.1f ms "
-           "late, its longest turn %.1f ms of CPU; at most %.0f MiB pinned beside the "
-           "share's own\n", held, TRIES, now_s() - t0, t.worst_ms, t.worst_cpu_ms, pinned);
+           "late, its longest turn %.1f ms of CPU (%d over %.0f); at most %.0f MiB pinned "
+           "beside the share's own\n", held, TRIES, now_s() - t0, t.worst_ms, t.worst_cpu_ms,
+           t.cpu_over, t.cpu_bound_ms, pinned);
     assert_int_equal(held, MAX);
     /* its exports, and the device's own registration of the memory, made
      * at the first connection; not what 200 would pin */
@@ -384,8 +386,13 @@ static void large_share_is_exported_off_the_loop(void **state)
     /* the loop's own work (its timer also waits for the CPUs the stranger,
      * 200 connections on soft-RoCE in a 2-CPU VM, keeps busy): 10-14 ms of
      * CPU at most in the VM, a connection's setup; an export made on the
-     * loop took 276-385, the device opened there 15-23 */
-    assert_true(t.worst_cpu_ms < lateness_bound_ms(20));
+     * loop took 276-385, the device opened there 15-23.  Work the loop
+     * does per held connection shows in all MAX of them; a few turns over
+     * the bound are the VM's clock: a vCPU the host set aside still counts
+     * as running in the guest (with the host's CPUs shared by other work,
+     * 3-6 turns of the 16 connections' went over 20 ms, the worst at 135;
+     * on a quiet host one at 116 ms, once). */
+    assert_true(t.cpu_over < MAX / 2);
     for (int i = 0; i < h->n; i++)
         mw_conn_abort(h->c[i]);
     free(h);
