@@ -1,5 +1,6 @@
 #include "lateness.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,10 +45,26 @@ void lateness_stop(struct lateness *t)
     t->ev = NULL;
 }
 
-double lateness_bound_ms(double ms)
+static bool under_valgrind(void)
 {
     const char *p = getenv("LD_PRELOAD");
-    if (p && strstr(p, "vgpreload"))
+    return p && strstr(p, "vgpreload");
+}
+
+double lateness_slowdown(void)
+{
+    if (under_valgrind())
+        return 30;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    return 5;
+#else
+    return 1;
+#endif
+}
+
+double lateness_bound_ms(double ms)
+{
+    if (under_valgrind())
         return 300;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     /* 3x was too little: the directory's stranger test (1 GiB share, 200

@@ -26,4 +26,9 @@ void lateness_stop(struct lateness *t);
  * aim itself is held by the plain build. */
 double lateness_bound_ms(double ms);
 
+/* lateness_slowdown() - how much slower than the plain build this process
+ * runs: 30 under valgrind, 5 under a sanitizer, else 1 (for deadlines that
+ * must hold however the build was made). */
+double lateness_slowdown(void);
+
 #endif
