@@ -96,7 +96,12 @@ static void dispatch(mw_ctx_t *ctx, struct rdma_cm_event *ev)
         return;
     }
     struct mw__conn *c = (struct mw__conn *)kind;
-    if (c->side == MW__SIDE_PASSIVE)
+    /* Past its setup, a connection takes its id's events the same on both
+     * sides; a setup event that comes late (REJECTED on a connect that had
+     * failed when its peer died) must not start it over. */
+    if (!mw__conn_setting_up(c))
+        mw__conn_common_event(c, ev);
+    else if (c->side == MW__SIDE_PASSIVE)
         mw__accepted_event(c, ev);
     else
         mw__connect_event(c, ev);

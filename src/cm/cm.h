@@ -474,7 +474,8 @@ void mw__sentinels_refresh(mw_ctx_t *ctx, struct mw__cm *cm, const struct mw__ni
                            size_t n);
 void mw__sentinels_drop(mw_ctx_t *ctx, struct mw__cm *cm, const struct ibv_context *verbs);
 
-/* connect.c / listen.c: rdma_cm events for each kind */
+/* connect.c / listen.c: rdma_cm events for each kind (a connection's
+ * while it is set up; after that mw__conn_common_event's) */
 void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev);
 void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev);
 /* mw__listener_refuse_orphan() - a connect request whose listener is gone

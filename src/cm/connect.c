@@ -378,13 +378,6 @@ static const char *reject_reason(struct rdma_cm_event *ev, char *buf, size_t cap
 void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     char buf[96];
-    /* A connect that failed (a peer's wrong handshake) keeps its id until
-     * it drains: a peer dying then may still reject it, and that must not
-     * start it over on the next address or TCP. */
-    if (!mw__conn_setting_up(c)) {
-        mw__conn_common_event(c, ev);
-        return;
-    }
     switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
         mw__conn_set_state(c, MW__CONN_RESOLVING_ROUTE);

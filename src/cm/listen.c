@@ -392,10 +392,6 @@ void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev)
 
 void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
-    if (c->state != MW__CONN_ACCEPTING) {
-        mw__conn_common_event(c, ev);
-        return;
-    }
     struct mw__listener *l = listener_of(c);
     if (ev->event != RDMA_CM_EVENT_ESTABLISHED || !l) {
         if (l)

@@ -19,13 +19,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     struct lateness *t = arg;
     double now = clock_s(CLOCK_MONOTONIC), cpu = clock_s(CLOCK_THREAD_CPUTIME_ID);
-    if (t->last_s && (now - t->last_s) * 1e3 > t->worst_ms)
-        t->worst_ms = (now - t->last_s) * 1e3;
-    double cpu_ms = (cpu - t->last_cpu_s) * 1e3;
-    if (t->last_s && cpu_ms > t->worst_cpu_ms)
-        t->worst_cpu_ms = cpu_ms;
-    if (t->last_s && t->cpu_bound_ms && cpu_ms > t->cpu_bound_ms)
-        t->cpu_over++;
+    if (t->last_s) {
+        double ms = (now - t->last_s) * 1e3, cpu_ms = (cpu - t->last_cpu_s) * 1e3;
+        if (ms > t->worst_ms)
+            t->worst_ms = ms;
+        if (cpu_ms > t->worst_cpu_ms)
+            t->worst_cpu_ms = cpu_ms;
+        if (t->cpu_bound_ms && cpu_ms > t->cpu_bound_ms)
+            t->cpu_over++;
+    }
     t->last_s = now;
     t->last_cpu_s = cpu;
 }
