@@ -686,8 +686,15 @@ typedef struct mw_conn_opts {
                                    an error, a close that timed out) it
                                    tells the peer to stop, and the peer
                                    executes nothing more of its requests
-                                   once it sees that (it checks before
-                                   every copy); the operations whose
+                                   that copy from or to this process's
+                                   memory once it sees that (it checks
+                                   before every copy; what came before
+                                   whole in the socket -- a message or a
+                                   payload up to 4 KiB, a reason sent
+                                   right before an abort -- it executes
+                                   up to the first such copy, as a device
+                                   executes what reached it); the
+                                   operations whose
                                    requests the peer had not answered fail
                                    only once the peer said so, from its
                                    loop, or its process ended: then, as on

@@ -38,10 +38,12 @@
  *
  * The end.  A side that fails (its connection failed, aborted, closed)
  * shuts its socket for writing: a same-host peer executes none of its
- * requests once it sees that -- the wake-up's EV_CLOSED, or poll()'s
- * POLLRDHUP, asked right before every cross-memory copy -- and answers by
- * shutting its own, after the answers it owes.  (A stream's peer executes
- * the requests that came before the end: their bytes are in the stream.)  Only the peer's end (or its
+ * requests that copy from or to its memory once it sees that -- the
+ * wake-up's EV_CLOSED, or poll()'s POLLRDHUP, asked right before every
+ * cross-memory copy -- and answers by shutting its own, after the answers
+ * it owes.  (The requests that came before the end with their bytes in the
+ * record, or none, it still executes, as a stream's peer executes those
+ * before the end: a reason sent right before an abort arrives.)  Only the peer's end (or its
  * process's exit, from a pidfd) tells the failing side that nobody will
  * touch the memory its unanswered requests name: their completions wait
  * for it, as a device's flushes wait for the queue pair to stop, up to
@@ -144,6 +146,8 @@ struct mw__lqp {
     bool peer_eof;                /* and it sends nothing more: its end read,
                                      its socket closed, or its process gone */
     bool peer_refused;            /* it answered ERR: it executes nothing more */
+    bool past_the_end;            /* its end seen, one of its requests not
+                                     executed: none after it is either */
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
     bool lingering;               /* meanwhile, a stream channel's: the answers
@@ -492,6 +496,7 @@ static enum ibv_wc_status cma(struct mw__lqp *q, void *local, uint64_t remote, u
 {
     if (!peer_still_wants(q)) {
         *gave_up = true;
+        q->past_the_end = true;   /* none after it executes either */
         return IBV_WC_WR_FLUSH_ERR;
     }
     struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
@@ -711,14 +716,32 @@ static void peer_shut(struct mw__lqp *q)
     shut_out(q);
 }
 
-static bool may_execute(const struct mw__lqp *q)
+/* Whether @r needs a copy from or to the peer's memory (cross-memory
+ * attach): a same-host request whose payload does not ride in its record. */
+static bool copies_peer_memory(const struct mw__lqp *q, const struct rec *r)
 {
-    return !q->refusing && !q->peer_shut && !q->shut && (!q->error || q->draining);
+    return !q->stream && r->len && !(r->flags & REC_INLINE);
+}
+
+/* Whether request @r executes.  Once the peer shut its end, only what
+ * leaves its memory alone does, up to the first that would not: what it
+ * sent whole before giving up (a reason right before an abort) is
+ * delivered, in order, as a device executes what reached it before a
+ * disconnect. */
+static bool may_execute(struct mw__lqp *q, const struct rec *r)
+{
+    if (q->refusing || (q->error && !q->draining))
+        return false;
+    if (!q->peer_shut)
+        return !q->shut;
+    if (copies_peer_memory(q, r))
+        q->past_the_end = true;
+    return !q->past_the_end;
 }
 
 /* Take the complete records in q->in, within the turn's budget: 1 when
  * some are left for the next turn.  Answers are always taken; requests
- * only while may_execute(). */
+ * only while may_execute() says so. */
 static int take_records(struct mw__lqp *q)
 {
     size_t moved = 0;
@@ -760,7 +783,7 @@ static int take_records(struct mw__lqp *q)
             bad = answered(q, r.arg, r.type == REC_ERR, (enum ibv_wc_status)r.rkey);
         else if (r.type == REC_DATA)
             bad = begin_data(q, &r);
-        else if (!may_execute(q))
+        else if (!may_execute(q, &r))
             begin_drop(q, &r);    /* executed never */
         else
             bad = begin(q, &r);

@@ -323,34 +323,42 @@ static void refused_access_fails_it_and_flushes_the_rest(void **state)
 
 /* mw__lqp_error flushes every receive and request posted, from the loop,
  * once the peer stopped; the peer sees the channel end (-ECONNRESET) at
- * its first wake-up.  A same-host peer executes nothing that came before
- * it either: the message a's flush says failed is never delivered (its
- * bytes lie in a's memory).  A stream's requests carry their bytes, in
- * order before its end: the peer executes them, as a device executes
- * what reached it before a disconnect -- so a reason sent right before an
- * abort arrives -- and a's flush says only that a cannot tell. */
+ * its first wake-up.  What came before the end with its bytes in the
+ * stream is executed, as a device executes what reached it before a
+ * disconnect -- so a reason sent right before an abort arrives -- and a's
+ * flush says only that a cannot tell: a small message on either channel,
+ * a large one on a stream.  A same-host peer executes nothing that would
+ * copy from a's memory: the large message, whose bytes lie there, is
+ * never delivered, nor, in order, the small one after it. */
 static void error_flushes_and_the_peer_sees_the_end(void **state)
 {
     struct fx *f = *state;
-    static uint8_t ra[64], rb[64], msg[32];
+    static uint8_t ra[64], rb[64], msg[32], big[2 * MW__LQP_INLINE_MAX], rbig[sizeof big],
+        last[16], rlast[16];
     fill(msg, sizeof msg, 9);
+    fill(big, sizeof big, 10);
     post_recv(f, &f->a, ra, sizeof ra);
     post_recv(f, &f->b, rb, sizeof rb);
+    post_recv(f, &f->b, rbig, sizeof rbig);
+    post_recv(f, &f->b, rlast, sizeof rlast);
     post(f, &f->a, IBV_WR_SEND, msg, sizeof msg, 0, 0, true);
-    mw__lqp_error(f->a.q);        /* the message went out first */
+    post(f, &f->a, IBV_WR_SEND, big, sizeof big, 0, 0, true);
+    post(f, &f->a, IBV_WR_SEND, last, sizeof last, 0, 0, true);
+    mw__lqp_error(f->a.q);        /* the messages went out first */
     assert_int_equal(f->a.nwc, 0);
-    run_until(f, &f->a, 2);
+    run_until(f, &f->a, 4);
     spin(f, 5);
-    assert_int_equal(f->a.nwc, 2);
-    for (int i = 0; i < 2; i++)
+    assert_int_equal(f->a.nwc, 4);
+    for (int i = 0; i < 4; i++)
         assert_int_equal(f->a.wc[i].status, IBV_WC_WR_FLUSH_ERR);
-    if (f->stream) {                              /* delivered, then the end */
-        assert_int_equal(f->b.nwc, 1);
-        assert_int_equal(f->b.wc[0].status, IBV_WC_SUCCESS);
-        assert_memory_equal(rb, msg, sizeof msg);
-    } else {
-        assert_int_equal(f->b.nwc, 0);            /* a said it failed: not delivered */
-    }
+    assert_int_equal(f->b.nwc, f->stream ? 3 : 1);   /* delivered, then the end */
+    for (int i = 0; i < f->b.nwc; i++)
+        assert_int_equal(f->b.wc[i].status, IBV_WC_SUCCESS);
+    assert_memory_equal(rb, msg, sizeof msg);
+    if (f->stream)
+        assert_memory_equal(rbig, big, sizeof big);
+    else
+        assert_false(memcmp(rbig, big, sizeof big) == 0);   /* a said stop: not copied */
     assert_int_equal(f->b.ended_err, -ECONNRESET);
     assert_int_equal(f->a.ended_err, 0);          /* its own error is no news to it */
 }
@@ -456,7 +464,8 @@ static void hello_records(void **state)
 }
 
 /* The impatient caller and the busy peer: a posts a read by CMA into its
- * buffer and a message, b is outside its loop, a fails.  Nothing of a's
+ * buffer and a message (too large to ride in its record), b is outside
+ * its loop, a fails.  Nothing of a's
  * completes while b sleeps (the flush would hand the buffer back while b
  * could still write it); when b runs it sees a's end first, executes
  * neither, and says so by its own end: a's requests flush then, and its
@@ -464,7 +473,7 @@ static void hello_records(void **state)
 static void a_failure_waits_for_the_peer_to_stop(void **state)
 {
     struct fx *f = *state;
-    static uint8_t dst[65536], msg[16], slot[64];
+    static uint8_t dst[65536], msg[2 * MW__LQP_INLINE_MAX], slot[sizeof msg];
     memset(dst, 0xaa, sizeof dst);
     memset(f->b.mem, 0x55, f->b.memlen);
     post_recv(f, &f->b, slot, sizeof slot);
