@@ -471,8 +471,9 @@ typedef struct mw_listener mw_listener_t;
 /** The path a connection's data takes. */
 typedef enum mw_transport {
     MW_TRANSPORT_AUTO = 0,    /**< option: the same-host path when the peer
-                                   is a process of this host, else RDMA;
-                                   TCP where this host has no RDMA */
+                                   is a process of this host (on a host
+                                   without RDMA too), else RDMA; TCP where
+                                   this host has no RDMA */
     MW_TRANSPORT_RDMA = 1,    /**< the RDMA device, whoever the peer is */
     MW_TRANSPORT_LOCAL = 2,   /**< (stats only) the same-host path */
     MW_TRANSPORT_TCP = 3,     /**< a TCP socket, no RDMA device involved */
@@ -646,7 +647,11 @@ typedef struct mw_conn_opts {
                                    the peer's address is one of this host's,
                                    the connection is made over rdma_cm as
                                    ever (its queue pair stays: exports
-                                   register on it, its events fail it), but
+                                   register on it, its events fail it) --
+                                   or over TCP where auto means TCP (the
+                                   socket closes once the channel is
+                                   taken: the channel's end is then the
+                                   connection's) -- but
                                    its data goes through a unix socket
                                    between the two: messages and payloads up
                                    to 4 KiB in the socket, larger ones moved
@@ -661,7 +666,8 @@ typedef struct mw_conn_opts {
                                    The channel is set up before the
                                    connection is established, and whatever
                                    refuses it leaves the connection on the
-                                   device, working: a peer of another user
+                                   device (or the TCP socket), working: a
+                                   peer of another user
                                    (never offered: its host identity
                                    differs), a process that refuses
                                    cross-memory copies (non-dumpable, as

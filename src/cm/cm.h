@@ -80,6 +80,8 @@ struct mw__listener {
     int fd;                       /* listening over TCP, or -1 (tcp.c) */
     struct event *ev;
     mw_conn_opts_t opts;
+    bool local_ok;                /* its connections may take the same-host
+                                     path (auto was asked for) */
     mw_accept_fn cb;
     void *arg;
     mw_listener_stats_t stats;
@@ -286,6 +288,9 @@ struct mw__conn {
                                      CLOSING one (closed in the grace) both
                                      wait so, and behave as they otherwise do */
     mw_conn_opts_t opts;
+    bool local_ok;                /* the same-host path may carry it: its
+                                     transport was left to meshwire (auto),
+                                     whether set up over rdma_cm or TCP */
     struct mw__hello peer;        /* the peer's handshake */
     struct rdma_cm_id *id;
     struct {                      /* the current step's deadline */
@@ -332,14 +337,17 @@ static inline bool mw__conn_drained(const struct mw__conn *c)
 
 void mw__conn_peer_left_settle(struct mw__conn *c);
 
-/* local.c: the same-host path.  The connecting side
+/* local.c: the same-host path, on a connection set up over rdma_cm or
+ * over TCP (where the transport was left to meshwire: c->local_ok).  The
+ * connecting side
  * offers it (mw__local_offer, before its receives are posted: they go to
- * the local queue pair) and, once established, keeps or gives up the
- * channel as the peer answered (mw__local_established); the accepting side
+ * the local queue pair) and, once the peer answered, keeps or gives up the
+ * channel as it said (mw__local_established); the accepting side
  * takes an offer (mw__local_take, once the peer's hello is in) and, before
  * accepting, sets the channel up (mw__local_rendezvous: 1 when it runs,
  * calling mw__accept_local_ready() once decided, 0 when there is nothing to
- * do).  mw__local_hello() puts the offer or answer in a handshake.  0 or
+ * do).  mw__local_hello() puts the offer or answer in a handshake;
+ * mw__local_up() runs once the connection is established.  0 or
  * -errno (with @why).  The channel's transport is mw__transport_local. */
 uint64_t mw__host_identity(void);
 int mw__local_offer(struct mw__conn *c);
@@ -347,13 +355,18 @@ int mw__local_take(struct mw__conn *c);
 int mw__local_rendezvous(struct mw__conn *c);
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h);
 int mw__local_established(struct mw__conn *c, char *why, size_t cap);
+void mw__local_up(struct mw__conn *c);
 
 /* tcp.c: connections over TCP.  mw__tcp_connect() starts connecting to
  * @peer (then mw__conn_setup_qp, the handshake, mw__connect_established);
  * mw__tcp_accepting() takes an accepted socket @fd and reads the peer's
  * handshake (then mw__accept_hello); mw__tcp_accept() answers it and
- * starts the queue pair; mw__tcp_reject() and mw__tcp_refuse_fd() answer
- * no, with @why.  mw__tcp_path() is mw__conn_setup_qp's part for TCP;
+ * starts the queue pair (or closes the socket, where the same-host channel
+ * was taken); mw__tcp_reject() and mw__tcp_refuse_fd() answer
+ * no, with @why.  mw__tcp_path() is mw__conn_setup_qp's part for TCP (the
+ * socket's queue pair); mw__tcp_peer_addr() the address connected to;
+ * mw__tcp_setup_done() ends the connecting side's setup once the peer's
+ * answer was taken (as mw__tcp_accept does the accepting side's);
  * mw__tcp_setup_drop() closes a socket still being set up (and
  * mw__tcp_reached() says whether it connected to a listener).  Listeners:
  * mw__tcp_listen() on @sa (l->fd, l->ev), mw__tcp_port(), mw__tcp_unlisten().
@@ -363,7 +376,9 @@ int mw__tcp_accepting(struct mw__conn *c, int fd);
 int mw__tcp_accept(struct mw__conn *c);
 void mw__tcp_reject(struct mw__conn *c, const char *why);
 void mw__tcp_refuse_fd(int fd, const char *why);
-int mw__tcp_path(struct mw__conn *c, char *why, size_t cap);
+int mw__tcp_path(struct mw__conn *c);
+int mw__tcp_peer_addr(const struct mw__conn *c, struct sockaddr_storage *a);
+int mw__tcp_setup_done(struct mw__conn *c);
 void mw__tcp_setup_drop(struct mw__conn *c);
 bool mw__tcp_reached(const struct mw__conn *c);
 int mw__tcp_listen(struct mw__listener *l, const struct sockaddr_storage *sa);

@@ -170,8 +170,10 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     if (!o.keepalive_ms)
         o.keepalive_ms = o.timeout_ms;
     struct mw__cm *cm;
-    if ((rc = mw__transport_asked(ctx, &o)) < 0 || !(cm = mw__cm_get(ctx, &rc)) ||
-        (rc = mw__cm_transport(cm, &o)) < 0)
+    if ((rc = mw__transport_asked(ctx, &o)) < 0 || !(cm = mw__cm_get(ctx, &rc)))
+        return rc;
+    bool local_ok = o.transport == MW_TRANSPORT_AUTO;   /* before auto becomes TCP */
+    if ((rc = mw__cm_transport(cm, &o)) < 0)
         return rc;
     struct mw__conn *c = mw__calloc(1, sizeof *c);
     if (!c)
@@ -188,6 +190,7 @@ int mw__conn_new(mw_ctx_t *ctx, enum mw__conn_side side, const mw_conn_opts_t *o
     c->owner = MW__OWNER_PENDING;
     c->state = side == MW__SIDE_ACTIVE ? MW__CONN_RESOLVING_ADDR : MW__CONN_ACCEPTING;
     c->opts = o;
+    c->local_ok = local_ok;
     mw__conn_set_transport(c, base_transport(c));
     c->finish_task.fn = finish_task;
     mw__list_init(&c->xfers.queue);
@@ -275,10 +278,10 @@ void mw__conn_device_ready(struct mw__conn *c, struct mw__dev *dev, int err)
         mw__accept_device_ready(c, err);
 }
 
-int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
+/* The device's queue pair, over rdma_cm: 0, -EINPROGRESS (the device is
+ * opening: mw__conn_device_ready goes on), or an error with @why. */
+static int device_qp(struct mw__conn *c, char *why, size_t cap)
 {
-    if (c->opts.transport == MW_TRANSPORT_TCP)
-        return mw__tcp_path(c, why, cap);
     int rc = mw__dev_get(c->ctx, c->id->verbs, &c->path.dev);
     if (rc < 0) {
         snprintf(why, cap, "cannot open the RDMA device: %s", mw_strerror(rc));
@@ -306,18 +309,30 @@ int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
     c->xfers.max_msg = pa.max_msg_sz;
     if ((rc = create_qp(c, why, cap)) < 0)
         return rc;
-    if ((rc = set_ack_timeout(c, why, cap)) < 0)
+    return set_ack_timeout(c, why, cap);
+}
+
+int mw__conn_setup_qp(struct mw__conn *c, char *why, size_t cap)
+{
+    bool tcp = c->opts.transport == MW_TRANSPORT_TCP;
+    int rc = tcp ? 0 : device_qp(c, why, cap);
+    if (rc < 0)
         return rc;
     /* the receives go where the data will come: the same-host path, if
-     * offered or taken */
+     * offered or taken, else the device's queue pair or the socket's */
     rc = c->side == MW__SIDE_ACTIVE ? mw__local_offer(c) : mw__local_take(c);
     if (rc < 0) {
         snprintf(why, cap, "cannot set up the same-host path: %s", mw_strerror(rc));
         return rc;
     }
+    if (tcp && !c->path.lqp && (rc = mw__tcp_path(c)) < 0) {
+        snprintf(why, cap, "no memory for the connection's queue pair");
+        return rc;
+    }
     if ((rc = mw__msg_post_recvs(c)) < 0)
-        snprintf(why, cap, "cannot set up %u receive slots of %u bytes on %s: %s",
-                 c->opts.credits, c->opts.slot_size, c->path.dev->name, mw_strerror(rc));
+        snprintf(why, cap, "cannot set up %u receive slots of %u bytes%s%s: %s",
+                 c->opts.credits, c->opts.slot_size, tcp ? "" : " on ",
+                 tcp ? "" : c->path.dev->name, mw_strerror(rc));
     return rc;
 }
 
@@ -443,6 +458,8 @@ static unsigned reads_in_flight(struct mw__conn *c)
     struct ibv_qp_init_attr ia;
     if (c->path.tp->reads)
         return c->path.tp->reads;
+    if (!c->path.dev)             /* the same-host path, set up over TCP */
+        return MW__LQP_READS;
     if (c->path.dev->soft_roce)
         return MW__RXE_READS;
     if (ibv_query_qp(c->id->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC, &ia) || a.max_rd_atomic < 1)
@@ -461,6 +478,7 @@ void mw__conn_established(struct mw__conn *c)
         return;
     }
     mw__conn_set_state(c, MW__CONN_ESTABLISHED);
+    mw__local_up(c);
     c->ctx->stats.local_connections += c->stats.transport == MW_TRANSPORT_LOCAL;
     mw__msg_established(c);
     MW_LOG(c->ctx, MW_LOG_INFO, "connected %s -> %s on %s%s (credits %u, fragment %u bytes, "

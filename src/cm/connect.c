@@ -337,6 +337,10 @@ void mw__connect_established(struct mw__conn *c, const void *pd, size_t len)
         mw__conn_fail(c, rc, "%s", buf);
         return;
     }
+    if (!c->id && (rc = mw__tcp_setup_done(c)) < 0) {   /* the path is decided */
+        mw__conn_fail(c, rc, "cannot start the connection's queue pair: %s", mw_strerror(rc));
+        return;
+    }
     mw__conn_established(c);
     if (c->state != MW__CONN_ESTABLISHED)
         return;

@@ -97,13 +97,14 @@ int mw_listen(mw_ctx_t *ctx, const char *addr, const mw_conn_opts_t *opts, mw_ac
     if (rc < 0)
         return rc;
     struct mw__cm *cm = mw__cm_get(ctx, &rc);
+    bool local_ok = o.transport == MW_TRANSPORT_AUTO;   /* before auto becomes TCP */
     if (!cm || (rc = mw__cm_transport(cm, &o)) < 0)
         return rc;
     struct mw__listener *l = mw__calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
     *l = (struct mw__listener){.kind = MW__CM_LISTENER, .ctx = ctx, .fd = -1, .opts = o,
-                               .cb = cb, .arg = arg};
+                               .local_ok = local_ok, .cb = cb, .arg = arg};
     if (!(l->h = mw__handle_new(MW__H_LISTENER, l, mw__loop_thread(ctx)))) {
         mw__free(l);
         return -ENOMEM;
@@ -357,6 +358,7 @@ void mw__listener_incoming_tcp(struct mw__listener *l, int fd)
         close(fd);
         return;
     }
+    c->local_ok = l->local_ok;
     c->setup->listener = l;
     c->counted_by = l;
     l->live++;

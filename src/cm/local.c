@@ -47,7 +47,6 @@
 
 #include "cm/cm.h"
 #include "cm/lqp.h"
-#include "cm/nic.h"
 #include "core/alloc.h"
 #include "mem/mem.h"
 
@@ -153,16 +152,33 @@ static void no_disconnect(struct mw__conn *c)
                   "followed within %u ms", c->opts.keepalive_ms);
 }
 
+/* Whether @c was set up over TCP: no rdma_cm disconnect will come. */
+static bool set_up_over_tcp(const struct mw__conn *c)
+{
+    return c->opts.transport == MW_TRANSPORT_TCP;
+}
+
+static void peer_closed(struct mw__conn *c)
+{
+    mw__conn_on_disconnected(c);
+}
+
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
     /* The peer closed its end (it closed the connection, or its process
-     * ended): what it sent before is taken.  Its rdma_cm disconnect follows
-     * (the kernel sends it for a process that dies too), and the connection
-     * ends by that, as on the device path, in the same order; should it
-     * never come, keepalive_ms later the connection fails anyway (no probe
-     * runs on this path to notice). */
-    if (err == -ECONNRESET && c->state == MW__CONN_ESTABLISHED) {
+     * ended): what it sent before is taken.  Set up over TCP, that is the
+     * disconnect: the connection ends a turn later, after the callbacks of
+     * what it took, as TCP's does (one that ends while the setup is still
+     * under way ends once established: mw__local_up).  Set up over rdma_cm,
+     * its disconnect follows (the kernel sends it for a process that dies
+     * too), and the connection ends by that, as on the device path, in the
+     * same order; should it never come, keepalive_ms later the connection
+     * fails anyway (no probe runs on this path to notice). */
+    if (err == -ECONNRESET && set_up_over_tcp(c)) {
+        if (mw__conn_usable(c) && mw__conn_arm_timer_ms(c, peer_closed, 0) < 0)
+            mw__conn_fail(c, -ENOMEM, "same-host channel: %s", why);
+    } else if (err == -ECONNRESET && c->state == MW__CONN_ESTABLISHED) {
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %s", c->stats.remote, why);
         mw__conn_arm_timer_ms(c, no_disconnect, c->opts.keepalive_ms);
     } else if (err != -ECONNRESET) {
@@ -180,39 +196,38 @@ static int new_lqp(struct mw__conn *c)
     return rc;
 }
 
-/* The channel was not taken: receives go to the device. */
+/* The channel was not taken: receives go to the device's queue pair, or
+ * to the one the TCP socket will carry. */
 static int back_to_the_device(struct mw__conn *c)
 {
     mw__lqp_free(c->path.lqp);
     c->path.lqp = NULL;
     mw__conn_set_transport(c, &mw__transport_rdma);
-    return mw__msg_repost_recvs(c);
+    int rc = set_up_over_tcp(c) ? mw__tcp_path(c) : 0;
+    return rc < 0 ? rc : mw__msg_repost_recvs(c);
 }
 
-static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr *b)
-{
-    if (a->ss_family != b->sa_family)
-        return false;
-    if (b->sa_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
-               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    return b->sa_family == AF_INET6 &&
-           !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
-                   &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr));
-}
-
-/* Whether the address @c connects to is one of this host's. */
+/* Whether the address @c connects to is one of this host's: a socket
+ * binds to it (any of 127/8 too, which no interface lists; a host that
+ * allows binding to foreign addresses, ip_nonlocal_bind, offers in vain to
+ * a remote peer, whose host identity then differs). */
 static bool peer_is_here(struct mw__conn *c)
 {
-    struct mw__cm *cm = c->ctx->layers[MW__LAYER_CM].state;
-    const struct mw__nic *nics;
-    size_t n;
-    mw__cm_nics(cm, &nics, &n);
-    const struct sockaddr *peer = rdma_get_peer_addr(c->id);
-    for (size_t i = 0; i < n; i++)
-        if (same_ip(&nics[i].addr, peer))
-            return true;
-    return false;
+    struct sockaddr_storage a;
+    if (c->id)
+        memcpy(&a, rdma_get_peer_addr(c->id), sizeof a);
+    else if (mw__tcp_peer_addr(c, &a) < 0)
+        return false;
+    if (a.ss_family != AF_INET && a.ss_family != AF_INET6)
+        return false;
+    ((struct sockaddr_in *)&a)->sin_port = 0;   /* same offset in sockaddr_in6 */
+    int fd = socket(a.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    socklen_t len = a.ss_family == AF_INET ? sizeof(struct sockaddr_in)
+                                           : sizeof(struct sockaddr_in6);
+    bool here = fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0;
+    if (fd >= 0)
+        close(fd);
+    return here;
 }
 
 static void socket_name(uint64_t nonce, struct sockaddr_un *a, socklen_t *len)
@@ -403,7 +418,7 @@ static void on_channel_accept(evutil_socket_t lfd, short what, void *arg)
 
 int mw__local_offer(struct mw__conn *c)
 {
-    if (c->opts.transport == MW_TRANSPORT_RDMA || !mw__host_identity() || !peer_is_here(c))
+    if (!c->local_ok || !mw__host_identity() || !peer_is_here(c))
         return 0;
     uint64_t nonce;
     int rc = random64(&nonce);
@@ -455,7 +470,7 @@ int mw__local_established(struct mw__conn *c, char *why, size_t cap)
 int mw__local_take(struct mw__conn *c)
 {
     uint64_t host = mw__host_identity();
-    if (c->opts.transport == MW_TRANSPORT_RDMA || !(c->peer.flags & MW__HELLO_LOCAL) || !host ||
+    if (!c->local_ok || !(c->peer.flags & MW__HELLO_LOCAL) || !host ||
         c->peer.host != host || !c->peer.nonce)
         return 0;
     int rc = rv_new(c, c->peer.nonce);
@@ -518,6 +533,13 @@ int mw__local_rendezvous(struct mw__conn *c)
         return 1;                 /* on_answer goes on */
     decided(c, why);
     return 1;
+}
+
+void mw__local_up(struct mw__conn *c)
+{
+    if (c->path.tp == &mw__transport_local && set_up_over_tcp(c) &&
+        mw__lqp_ended(c->path.lqp) && mw__conn_arm_timer_ms(c, peer_closed, 0) < 0)
+        mw__conn_fail(c, -ENOMEM, "the same-host channel ended while setting up");
 }
 
 void mw__local_hello(const struct mw__conn *c, struct mw__hello *h)

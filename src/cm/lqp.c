@@ -1226,6 +1226,11 @@ void mw__lqp_free(struct mw__lqp *q)
     mw__free(q);
 }
 
+bool mw__lqp_ended(const struct mw__lqp *q)
+{
+    return q && q->ended;
+}
+
 bool mw__lqp_peer_done(const struct mw__lqp *q)
 {
     return q && q->peer_eof;

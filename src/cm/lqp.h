@@ -128,6 +128,8 @@ void mw__lqp_free(struct mw__lqp *q);
 /* mw__lqp_peer_done() - whether everything the peer will ever send was
  * read (its end, or its process's exit): no answer is still to come. */
 bool mw__lqp_peer_done(const struct mw__lqp *q);
+/* mw__lqp_ended() - whether the channel's end was reported (ops->ended). */
+bool mw__lqp_ended(const struct mw__lqp *q);
 
 /* mw__lqp_fd() - the socket @q runs on, -1 before attach or after its end. */
 int mw__lqp_fd(const struct mw__lqp *q);

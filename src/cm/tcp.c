@@ -37,9 +37,6 @@
 #define RECORD_MAX 192u
 /* Connections a listener takes from the kernel per loop turn. */
 #define ACCEPTS_PER_TURN 16
-/* One-sided reads a connection keeps in flight (their bytes are bounded by
- * MW__LQP_STREAM_READS_MAX as well). */
-#define TCP_READS 16
 
 /* A connection's socket while it is set up (c->setup->tcp). */
 struct mw__tcp_setup {
@@ -207,12 +204,26 @@ void mw__tcp_setup_drop(struct mw__conn *c)
     c->setup->tcp = NULL;
 }
 
-/* The socket goes to the queue pair (which watches it itself): the setup
- * is over. */
-static int hand_to_the_queue_pair(struct mw__conn *c)
+int mw__tcp_peer_addr(const struct mw__conn *c, struct sockaddr_storage *a)
+{
+    socklen_t len = sizeof *a;
+    const struct mw__tcp_setup *t = c->setup ? c->setup->tcp : NULL;
+    if (!t || t->fd < 0)
+        return -ENOTCONN;
+    return getpeername(t->fd, (struct sockaddr *)a, &len) < 0 ? -errno : 0;
+}
+
+/* The setup is over: the socket goes to the queue pair (which watches it
+ * itself), or closes where the same-host channel carries the connection
+ * (whose end is then the disconnect: local.c). */
+int mw__tcp_setup_done(struct mw__conn *c)
 {
     struct mw__tcp_setup *t = c->setup->tcp;
     int fd = t->fd;
+    if (c->path.tp != &mw__transport_tcp) {
+        mw__tcp_setup_drop(c);
+        return 0;
+    }
     mw__unwatch_fd(c->ctx, fd);
     t->fd = -1;
     mw__tcp_setup_drop(c);
@@ -242,14 +253,11 @@ static void on_ended(void *arg, int err, const char *why)
 
 static const struct mw__lqp_ops lqp_ops = {mw__conn_peer_access, on_ended};
 
-int mw__tcp_path(struct mw__conn *c, char *why, size_t cap)
+int mw__tcp_path(struct mw__conn *c)
 {
     int rc = mw__lqp_new(c->ctx, &lqp_ops, c, c->opts.timeout_ms, &c->path.lqp);
-    if (rc == 0 && (rc = mw__msg_post_recvs(c)) < 0)
-        snprintf(why, cap, "cannot set up %u receive slots of %u bytes: %s", c->opts.credits,
-                 c->opts.slot_size, mw_strerror(rc));
-    else if (rc < 0)
-        snprintf(why, cap, "no memory for the connection's queue pair");
+    if (rc == 0)
+        mw__conn_set_transport(c, &mw__transport_tcp);
     return rc;
 }
 
@@ -272,7 +280,7 @@ const struct mw__transport mw__transport_tcp = {
     .kind = MW_TRANSPORT_TCP,
     .via = " over TCP",
     .probes = false,
-    .reads = TCP_READS,
+    .reads = MW__LQP_READS,
     .silent_ms = tcp_silent_ms,
     .post_send = mw__lqp_path_post_send,
     .post_recv = mw__lqp_path_post_recv,
@@ -307,11 +315,7 @@ static void on_answer(struct mw__conn *c)
     }
     uint8_t hello[RECORD_MAX];   /* all of it: the record goes with the setup */
     memcpy(hello, body, len);
-    if ((rc = hand_to_the_queue_pair(c)) < 0) {
-        mw__conn_fail(c, rc, "cannot start the connection's queue pair: %s", mw_strerror(rc));
-        return;
-    }
-    mw__connect_established(c, hello, len);
+    mw__connect_established(c, hello, len);   /* then mw__tcp_setup_done */
 }
 
 static void on_connected(struct mw__conn *c)
@@ -390,7 +394,7 @@ int mw__tcp_accept(struct mw__conn *c)
     uint8_t hello[MW__HELLO_LEN];
     int rc = write_record(c->setup->tcp->fd, hello, (size_t)mw__conn_hello(c, hello));
     if (rc == 0)
-        rc = hand_to_the_queue_pair(c);
+        rc = mw__tcp_setup_done(c);
     return rc;
 }
 

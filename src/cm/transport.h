@@ -46,6 +46,11 @@ struct mw__transport {
     void (*release)(struct mw__conn *c);
 };
 
+/* One-sided reads a queue pair on a socket keeps in flight, executed by
+ * the peer's loop (a stream channel's bytes are bounded by
+ * MW__LQP_STREAM_READS_MAX as well). */
+#define MW__LQP_READS 16
+
 extern const struct mw__transport mw__transport_rdma;
 extern const struct mw__transport mw__transport_local;
 extern const struct mw__transport mw__transport_tcp;

@@ -1,13 +1,16 @@
 # Helpers for the shell tests of the rxe and mesh suites.
 
-# need_rdma: skip (77) unless an RDMA device is present, or the test runs
-# over TCP (MW_TRANSPORT=tcp: on loopback addresses unless MW_ADDRS says).
+# need_rdma: skip (77) unless an RDMA device is present, or the test's
+# connections are set up over TCP (MW_TRANSPORT=tcp, or =auto where there
+# is no RDMA: on loopback addresses unless MW_ADDRS says).
 need_rdma() {
-    if [[ ${MW_TRANSPORT:-} == tcp ]]; then
+    local none=
+    [[ -z $(ls /sys/class/infiniband 2>/dev/null) ]] && none=1
+    if [[ ${MW_TRANSPORT:-} == tcp || (${MW_TRANSPORT:-} == auto && $none) ]]; then
         export MW_ADDRS=${MW_ADDRS:-127.0.0.1,127.0.0.2}
         return 0
     fi
-    if [[ -z $(ls /sys/class/infiniband 2>/dev/null) ]]; then
+    if [[ $none ]]; then
         echo "SKIP: no RDMA device here (run through tools/rxe-vm)"
         exit 77
     fi

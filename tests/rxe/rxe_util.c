@@ -19,19 +19,39 @@
 #include "rxe_util.h"
 #include "cm/cm.h"
 
-bool rxe_over_tcp(void)
+static bool transport_is(const char *name)
 {
     const char *t = getenv("MW_TRANSPORT");
-    return t && !strcmp(t, "tcp");
+    return t && !strcmp(t, name);
+}
+
+static bool no_rdma_device(void)
+{
+    static int none = -1;
+    if (none < 0) {
+        int num = 0;
+        struct ibv_device **list = ibv_get_device_list(&num);
+        if (list)
+            ibv_free_device_list(list);
+        none = num == 0;
+    }
+    return none;
+}
+
+bool rxe_over_tcp(void)
+{
+    return transport_is("tcp") || (transport_is("auto") && no_rdma_device());
+}
+
+mw_transport_t rxe_path(void)
+{
+    return transport_is("rdma") ? MW_TRANSPORT_RDMA
+         : transport_is("tcp")  ? MW_TRANSPORT_TCP : MW_TRANSPORT_LOCAL;
 }
 
 void rxe_require(int n, const char **addrs)
 {
-    int num = 0;
-    struct ibv_device **list = rxe_over_tcp() ? NULL : ibv_get_device_list(&num);
-    if (list)
-        ibv_free_device_list(list);
-    if (num == 0 && !rxe_over_tcp()) {
+    if (!rxe_over_tcp() && no_rdma_device()) {
         printf("SKIP: no RDMA device (run through tools/rxe-vm)\n");
         exit(SKIP_EXIT);
     }

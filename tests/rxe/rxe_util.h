@@ -28,9 +28,14 @@
 /* rxe_require() - exit 77 (skip) unless an RDMA device exists and
  * MW_ADDRS names at least @n addresses; fills @addrs (static strings). */
 void rxe_require(int n, const char **addrs);
-/* rxe_over_tcp() - whether the tests run over TCP (MW_TRANSPORT=tcp): no
- * RDMA device needed, addresses on loopback unless MW_ADDRS says. */
+/* rxe_over_tcp() - whether the tests' connections are set up over TCP
+ * (MW_TRANSPORT=tcp, or =auto on a host without RDMA): no RDMA device
+ * needed, addresses on loopback unless MW_ADDRS says. */
 bool rxe_over_tcp(void);
+/* rxe_path() - the path the tests' data takes between their processes (all
+ * on one host): MW_TRANSPORT=rdma, =tcp, else (auto, the default) the
+ * same-host path, whether set up over rdma_cm or over TCP. */
+mw_transport_t rxe_path(void);
 
 struct qp_pair {
     struct rdma_event_channel *ch;
