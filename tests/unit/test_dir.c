@@ -314,7 +314,9 @@ static void watch_sees_joins_and_leaves_not_renewals(void **state)
     (void)state;
     store_flush();
     mw_ctx_t *ctx = ctx_new();
-    mw_directory_t *a = open_dir(ctx, 600), *b = open_dir(ctx, 600);
+    /* leases of 1.5 s, renewed every 500 ms: a loaded host (the test
+     * command's VMs beside it) stalled a 600 ms one past its end */
+    mw_directory_t *a = open_dir(ctx, 1500), *b = open_dir(ctx, 1500);
     publish(a, "job/prefill/0", "10.0.0.1:7470", NULL);
     publish(a, "other/x", "10.0.0.1:7470", NULL);
     struct seen s = {0};
@@ -330,8 +332,8 @@ static void watch_sees_joins_and_leaves_not_renewals(void **state)
     assert_int_equal(s.joined, 2);
     assert_string_equal(s.last, "+job/prefill/1");
 
-    /* two leases: renewed every 200 ms, no event */
-    run(ctx, 1200, NULL);
+    /* two leases: renewed twice each, no event */
+    run(ctx, 3000, NULL);
     assert_int_equal(s.joined, 2);
     assert_int_equal(s.left, 0);
 
