@@ -878,10 +878,11 @@ static void dns_set_down(bool down)
 }
 
 /* Every millisecond: how late the loop runs its timers. */
-/* Under sanitizers and a loaded machine a turn can take tens of ms; a
+/* Under sanitizers and a loaded machine a turn can take tens of ms, and a
+ * tick be held back past 100 ms (the test command's VMs beside it); a
  * blocking lookup would still stall the loop for the whole timeout (500
- * ms) or for good. */
-#define ON_TIME_MS lateness_bound_ms(100)
+ * ms) or for good: twice any bound here. */
+#define ON_TIME_MS (lateness_bound_ms(100) > 250 ? lateness_bound_ms(100) : 250)
 
 static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
 {
@@ -928,6 +929,8 @@ static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
     redis_stop(pid, SIGKILL);
     t.worst_ms = 0;
     run(ctx, 2500, NULL);
+    printf("the store and DNS gone: the loop's longest gap between ticks %.0f ms (bound %.0f)\n",
+           (double)t.worst_ms, (double)ON_TIME_MS);
     assert_true(t.worst_ms < ON_TIME_MS);
     /* each lookup is given up at the timeout and tried again, but never
      * more than 8 hang at once in the process (2 of them from the open) */

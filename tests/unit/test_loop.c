@@ -117,7 +117,8 @@ static void raw_epoll_loop(void **state)
         if (epoll_wait(ep, &e, 1, 5000) == 1) {
             wakeups++;
             assert_int_equal(mw_ctx_progress(ctx), 0);
-            if (fired == 1 && !first)
+            if (fired >= 1 && !first)     /* (both at once: a loaded host
+                                             held this process past them) */
                 first = now() - t0;
         }
     }
