@@ -99,7 +99,9 @@ void etcd_start(struct etcd_fixture *f, bool empty)
                     "--initial-cluster", cluster, "--logger", "zap", "--log-level", "error",
                     NULL};
     f->pid = store_spawn(ETCD_SERVER, argv);
-    for (int i = 0; i < 500; i++) {
+    /* up to 30 s: under ASan in a VM whose host's CPUs are shared it took
+     * over 10 (the test command's parallel layout) */
+    for (int i = 0; i < 1500; i++) {
         if (etcd_post(f, "/v3/maintenance/status", "{}", NULL, 0) == 200)
             return;
         usleep(20000);
