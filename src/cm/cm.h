@@ -459,6 +459,10 @@ void mw__conn_established(struct mw__conn *c);
 void mw__conn_fail(struct mw__conn *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void mw__conn_on_disconnected(struct mw__conn *c);
+/* mw__conn_disconnected_later() - a disconnect that the channel's end
+ * stands for (set up over TCP: no rdma_cm event will come), taken a turn
+ * later, after the callbacks of what was read before it; -ENOMEM. */
+int mw__conn_disconnected_later(struct mw__conn *c);
 void mw__conn_free(struct mw__conn *c);
 void mw__conn_arm_timer(struct mw__conn *c, void (*fn)(struct mw__conn *c));
 /* mw__conn_arm_timer_ms() - as mw__conn_arm_timer, in @ms; -ENOMEM. */

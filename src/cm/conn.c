@@ -590,6 +590,11 @@ void mw__conn_on_disconnected(struct mw__conn *c)
     peer_left(c);
 }
 
+int mw__conn_disconnected_later(struct mw__conn *c)
+{
+    return mw__conn_arm_timer_ms(c, mw__conn_on_disconnected, 0);
+}
+
 void mw__conn_maybe_finish(struct mw__conn *c)
 {
     if (c->state == MW__CONN_CLOSING && !mw__queue_busy(c)) {

@@ -158,11 +158,6 @@ static bool set_up_over_tcp(const struct mw__conn *c)
     return c->opts.transport == MW_TRANSPORT_TCP;
 }
 
-static void peer_closed(struct mw__conn *c)
-{
-    mw__conn_on_disconnected(c);
-}
-
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
@@ -176,7 +171,7 @@ static void on_ended(void *arg, int err, const char *why)
      * same order; should it never come, keepalive_ms later the connection
      * fails anyway (no probe runs on this path to notice). */
     if (err == -ECONNRESET && set_up_over_tcp(c)) {
-        if (mw__conn_usable(c) && mw__conn_arm_timer_ms(c, peer_closed, 0) < 0)
+        if (mw__conn_usable(c) && mw__conn_disconnected_later(c) < 0)
             mw__conn_fail(c, -ENOMEM, "same-host channel: %s", why);
     } else if (err == -ECONNRESET && c->state == MW__CONN_ESTABLISHED) {
         MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: %s", c->stats.remote, why);
@@ -538,7 +533,7 @@ int mw__local_rendezvous(struct mw__conn *c)
 void mw__local_up(struct mw__conn *c)
 {
     if (c->path.tp == &mw__transport_local && set_up_over_tcp(c) &&
-        mw__lqp_ended(c->path.lqp) && mw__conn_arm_timer_ms(c, peer_closed, 0) < 0)
+        mw__lqp_ended(c->path.lqp) && mw__conn_disconnected_later(c) < 0)
         mw__conn_fail(c, -ENOMEM, "the same-host channel ended while setting up");
 }
 

@@ -488,6 +488,13 @@ static bool peer_still_wants(struct mw__lqp *q)
     return true;
 }
 
+/* Whether @r needs a copy from or to the peer's memory (cross-memory
+ * attach): a same-host request whose payload does not ride in its record. */
+static bool copies_peer_memory(const struct mw__lqp *q, const struct rec *r)
+{
+    return !q->stream && r->len && !(r->flags & REC_INLINE);
+}
+
 /* Move @len bytes between @local (ours) and @remote (the peer's): read
  * them from the peer, or write them there.  0, or the status to answer;
  * *@gave_up when the peer no longer wants it (nothing moved). */
@@ -627,7 +634,7 @@ static const char *finish(struct mw__lqp *q, size_t *moved)
         if (bad)
             return bad;
         *moved += r->len;
-    } else if (st == IBV_WC_SUCCESS && r->len && !(r->flags & REC_INLINE)) {
+    } else if (st == IBV_WC_SUCCESS && copies_peer_memory(q, r)) {
         bool from_peer = r->type != REC_READ;
         st = cma(q, from_peer ? (void *)p->dst : mem, r->addr, r->len, from_peer, &gave_up);
         *moved += r->len;
@@ -714,13 +721,6 @@ static void peer_shut(struct mw__lqp *q)
     q->peer_shut = true;
     ack(q);
     shut_out(q);
-}
-
-/* Whether @r needs a copy from or to the peer's memory (cross-memory
- * attach): a same-host request whose payload does not ride in its record. */
-static bool copies_peer_memory(const struct mw__lqp *q, const struct rec *r)
-{
-    return !q->stream && r->len && !(r->flags & REC_INLINE);
 }
 
 /* Whether request @r executes.  Once the peer shut its end, only what

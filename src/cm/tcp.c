@@ -232,11 +232,6 @@ int mw__tcp_setup_done(struct mw__conn *c)
 
 /* --- the transport ------------------------------------------------------------ */
 
-static void peer_closed(struct mw__conn *c)
-{
-    mw__conn_on_disconnected(c);
-}
-
 /* The peer closed (or its host cut us).  What it sent before has been
  * taken, and the callbacks that takes are queued: the connection ends a
  * turn later, after them, as a device's disconnect event comes after its
@@ -245,8 +240,7 @@ static void peer_closed(struct mw__conn *c)
 static void on_ended(void *arg, int err, const char *why)
 {
     struct mw__conn *c = arg;
-    if (err == -ECONNRESET && mw__conn_usable(c) &&
-        mw__conn_arm_timer_ms(c, peer_closed, 0) == 0)
+    if (err == -ECONNRESET && mw__conn_usable(c) && mw__conn_disconnected_later(c) == 0)
         return;
     mw__conn_fail(c, err, "TCP: %s", why);
 }

@@ -49,6 +49,11 @@ mw_transport_t rxe_path(void)
          : transport_is("tcp")  ? MW_TRANSPORT_TCP : MW_TRANSPORT_LOCAL;
 }
 
+const char *rxe_path_name(int t)
+{
+    return t == MW_TRANSPORT_LOCAL ? "same-host path" : t == MW_TRANSPORT_TCP ? "TCP" : "RDMA";
+}
+
 void rxe_require(int n, const char **addrs)
 {
     if (!rxe_over_tcp() && no_rdma_device()) {

@@ -36,6 +36,8 @@ bool rxe_over_tcp(void);
  * on one host): MW_TRANSPORT=rdma, =tcp, else (auto, the default) the
  * same-host path, whether set up over rdma_cm or over TCP. */
 mw_transport_t rxe_path(void);
+/* rxe_path_name() - transport @t (mw_conn_stats) as the tests print it. */
+const char *rxe_path_name(int t);
 
 struct qp_pair {
     struct rdma_event_channel *ch;

@@ -418,11 +418,6 @@ static mw_transport_t path_of(mw_conn_t *c)
     return st.transport;
 }
 
-static const char *path_name(mw_transport_t t)
-{
-    return t == MW_TRANSPORT_LOCAL ? "same-host path" : t == MW_TRANSPORT_TCP ? "TCP" : "RDMA";
-}
-
 /* Each end reports the path its data takes: the same-host one unless the
  * environment or either end's option asks for what the connection is set
  * up over (RDMA; TCP where the host has none) -- the connecting side's
@@ -445,8 +440,8 @@ static void transport_follows_the_host_and_the_options(void **state)
         mw_conn_t *c = rxe_connect(ctx, addrs[1], s.port, k == 2 ? &asked : NULL);
         rxe_wait_accepted(&s, 1);
         mw_transport_t want = k ? setup : rxe_path();
-        printf("%s%s%s: %s both ends\n", ways[k], k ? " " : "", k ? path_name(setup) : "",
-               path_name(path_of(c)));
+        printf("%s%s%s: %s both ends\n", ways[k], k ? " " : "", k ? rxe_path_name(setup) : "",
+               rxe_path_name(path_of(c)));
         assert_int_equal(path_of(c), want);
         assert_int_equal(path_of(s.conns[0]), want);
         rxe_round_trip(c, s.conns[0]);

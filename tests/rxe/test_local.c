@@ -67,12 +67,6 @@ static int path_of(mw_conn_t *c)
     return st.transport;
 }
 
-/* The path's name, as the tests print it. */
-static const char *path_name(int t)
-{
-    return t == MW_TRANSPORT_LOCAL ? "same-host path" : t == MW_TRANSPORT_TCP ? "TCP" : "RDMA";
-}
-
 static pid_t spawn(char *const argv[])
 {
     pid_t pid;
@@ -249,7 +243,7 @@ static void abort_while_the_peer_sleeps(unsigned sleep_ms, unsigned bound_ms)
     snprintf(error_text, sizeof error_text, "%s", rr ? mw_future_message(rf) : "done");
     printf("peer outside its loop for %u ms, abort at 1 s, bound %u ms, %s: read %s, write %s, "
            "%.2f s after the abort\n  (%s)\n", sleep_ms, bound_ms,
-           path_name(path), mw_strerror(rr), mw_strerror(wr), took,
+           rxe_path_name(path), mw_strerror(rr), mw_strerror(wr), took,
            error_text);
     memset(rbuf, 0xcc, HALF);                 /* reused at once */
     memset(wbuf, 0xcc, HALF);
@@ -329,7 +323,7 @@ static void a_context_freed_while_its_peer_sleeps(void **state)
     mw_ctx_free(ctx);
     double took = now_s() - t0;
     printf("context freed with a read to a sleeping peer (%s): %.2f s, the read %s\n",
-           path_name(path), took, err ? mw_strerror(err) : "done");
+           rxe_path_name(path), took, err ? mw_strerror(err) : "done");
     if (local) {
         assert_int_equal(err, -EBUSY);
         assert_true(took > 0.7 && took < 2.5);   /* the bound, not the sleep */
@@ -630,7 +624,7 @@ static void sixty_four_silent_connections_of_another_user(void **state)
     assert_int_equal(loop_until_exit(ctx, server, 10000), 0);   /* its end: same-host too */
     printf("another user held %d silent connections at the rendezvous; %d closed at once by "
            "meshwire; the same-user connection made meanwhile: %s\n", out[0], out[1],
-           path_name(path));
+           rxe_path_name(path));
     assert_true(WIFEXITED(tst) && WEXITSTATUS(tst) == 0);
     assert_true(out[0] >= 64);                /* the attack happened */
     assert_int_equal(out[1], out[0]);         /* and held nothing */
@@ -708,7 +702,7 @@ static void peers_that_refuse_cross_memory_attach(void **state)
         printf("%s server, %s client: client exit %d (0: over %s), server exit %d (10: "
                "not the same-host path)\n", way ? "a capability-less" : "a non-dumpable",
                way ? "non-dumpable" : "capability-less", WEXITSTATUS(cst),
-               path_name(setup_path()), WEXITSTATUS(sst));
+               rxe_path_name(setup_path()), WEXITSTATUS(sst));
         assert_true(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
         assert_true(WIFEXITED(sst) && WEXITSTATUS(sst) == 10);
         close(sp[0]);
@@ -747,7 +741,7 @@ static void a_remapped_export_takes_no_write(void **state)
     int rc = mw_wait(f);
     mw_future_unref(f);
     printf("a write to an export whose memory was mapped anew (%s): %s; the new memory %s\n",
-           path_name(path), mw_strerror(rc),
+           rxe_path_name(path), mw_strerror(rc),
            all_bytes(mem, len, 0) ? "untouched" : "WRITTEN");
     assert_true(all_bytes(mem, len, 0));
     /* refused on the same-host path and over TCP; over RDMA too where
