@@ -151,8 +151,9 @@ struct mw__lqp {
     bool error, ended, want_out;
     bool closing;                 /* mw__lqp_error: the socket closes */
     bool lingering;               /* meanwhile, a stream channel's: the answers
-                                     it owes go out first (no longer than
-                                     bound_ms), what comes is dropped */
+                                     it owes go out first (while the peer
+                                     takes some within each bound_ms), what
+                                     comes is dropped */
     bool shut_when_written;       /* and its end shuts once they are out */
     bool draining;                /* meanwhile: completions wait in late */
     bool quiescing;               /* closing, waiting for the peer's end */
@@ -246,10 +247,21 @@ static void out_gone(struct mw__lqp *q, size_t n)
     }
 }
 
+/* Arm the bound that ends a lingering channel whose peer takes nothing
+ * more of what it is owed: bound_ms from now. */
+static void linger_bound(struct mw__lqp *q)
+{
+    struct timeval tv = {q->bound_ms / 1000, (q->bound_ms % 1000) * 1000};
+    mw__ev_add(q->ctx, q->bound_ev, &tv);
+}
+
 /* Write what the socket takes; wait for room otherwise (the loop's write
- * event; the peer's next answer also brings us back here). */
+ * event; the peer's next answer also brings us back here).  A lingering
+ * channel's bound starts again with every write: a peer slow to take a
+ * large answer still gets it, one that takes nothing does not hold us. */
 static void flush_out(struct mw__lqp *q)
 {
+    size_t before = q->out_sent;
     while (q->fd >= 0 && !q->shut && evbuffer_get_length(q->out)) {
         struct iovec iov[16];
         int n = evbuffer_peek(q->out, -1, NULL, (struct evbuffer_iovec *)iov, 16);
@@ -277,6 +289,8 @@ static void flush_out(struct mw__lqp *q)
             event_del(q->wev);
         mw__watch_fd_out(q->ctx, q->fd, want);
     }
+    if (q->lingering && q->out_sent != before && q->fd >= 0)
+        linger_bound(q);
     if (q->shut_when_written && !evbuffer_get_length(q->out))
         shut_now(q);
 }
@@ -1161,8 +1175,7 @@ void mw__lqp_error(struct mw__lqp *q)
         return;
     }
     if (q->lingering && q->fd >= 0) {
-        struct timeval tv = {q->bound_ms / 1000, (q->bound_ms % 1000) * 1000};
-        mw__ev_add(q->ctx, q->bound_ev, &tv);
+        linger_bound(q);
         linger_read(q);           /* (the peer may be gone already) */
     } else {
         close_fd(q);

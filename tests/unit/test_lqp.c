@@ -106,6 +106,9 @@ static void join(struct end *a, struct end *b)
     }
 }
 
+/* The sockets' buffers where a test sets them (0: the kernel's, growing). */
+static int stream_sockbuf;
+
 /* Ends @a and @b joined over TCP on 127.0.0.1, as stream channels: what
  * a connection without RDMA runs on. */
 static void join_tcp(struct end *a, struct end *b)
@@ -124,6 +127,12 @@ static void join_tcp(struct end *a, struct end *b)
     struct end *e[2] = {a, b};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
+        if (stream_sockbuf) {
+            assert_int_equal(setsockopt(fd[i], SOL_SOCKET, SO_RCVBUF, &stream_sockbuf,
+                                        sizeof stream_sockbuf), 0);
+            assert_int_equal(setsockopt(fd[i], SOL_SOCKET, SO_SNDBUF, &stream_sockbuf,
+                                        sizeof stream_sockbuf), 0);
+        }
         assert_int_equal(mw_ctx_new(&e[i]->ctx, NULL, NULL), 0);
         assert_int_equal(mw__lqp_new(e[i]->ctx, &ops, e[i], BOUND_MS, &e[i]->q), 0);
         assert_int_equal(mw__lqp_attach_stream(e[i]->q, fd[i], NULL), 0);
@@ -158,6 +167,14 @@ static int setup_stream(void **state)
 static int setup_stream_big(void **state)
 {
     return setup_with(state, true, 64u << 20);
+}
+
+static int setup_stream_small_buffers(void **state)
+{
+    stream_sockbuf = 64 << 10;
+    int rc = setup_with(state, true, 1 << 20);
+    stream_sockbuf = 0;
+    return rc;
 }
 
 static void end_free(struct end *e)
@@ -877,6 +894,40 @@ static void stream_failing_end_writes_what_it_owes(void **state)
     free(back);
 }
 
+/* The bound a failed stream channel gives its peer is for taking nothing:
+ * a peer that takes a large answer slowly -- some of it within each bound,
+ * all of it over several -- still gets every byte.  b turns its loop every
+ * 40 ms and the sockets hold 64 KiB each way: 8 MiB take about twice the
+ * 1 s bound. */
+static void stream_slow_reader_gets_all_it_is_owed(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t len = 8u << 20;
+    f->a.memlen = len;
+    f->a.mem = malloc(len);
+    fill(f->a.mem, len, 22);
+    uint8_t *back = calloc(1, len);
+    post(f, &f->b, IBV_WR_RDMA_READ, back, len, (uintptr_t)f->a.mem, 7, true);
+    spin(f, 2);                   /* the request is in a's socket */
+    mw__lqp_error(f->a.q);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (f->b.nwc < 1 && !f->b.ended_err && elapsed_ms(&t0) < 60000) {
+        turn(f);
+        usleep(40000);
+    }
+    double took = elapsed_ms(&t0);
+    printf("8 MiB owed, taken in %.0f ms by a peer turning every 40 ms (bound %d ms)\n", took,
+           BOUND_MS);
+    assert_true(took > BOUND_MS);  /* it did take longer than one bound */
+    assert_int_equal(f->b.nwc, 1);
+    assert_int_equal(f->b.wc[0].status, IBV_WC_SUCCESS);
+    assert_memory_equal(back, f->a.mem, len);
+    free(f->a.mem);
+    f->a.mem = NULL;
+    free(back);
+}
+
 /* A write arriving in parts is checked as each part lands: the export
  * going meanwhile stops it there, and it fails REM_ACCESS_ERR. */
 static void stream_write_stops_where_its_export_goes(void **state)
@@ -1103,6 +1154,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(stream_hostile_records_end_the_channel),
         cmocka_unit_test_setup_teardown(stream_failing_end_writes_what_it_owes, setup_stream,
                                         teardown),
+        cmocka_unit_test_setup_teardown(stream_slow_reader_gets_all_it_is_owed,
+                                        setup_stream_small_buffers, teardown),
         cmocka_unit_test(stream_write_stops_where_its_export_goes),
         cmocka_unit_test(stream_message_cut_short_is_flushed),
         cmocka_unit_test(stream_read_data_after_its_flush_lands_nowhere),
