@@ -91,11 +91,12 @@ static int pick_source(struct mw__conn *c, const struct sockaddr *peer, struct s
 /* Every address failed over RDMA, none refused by a meshwire peer, none
  * slow to resolve (a loaded host's neighbour resolution, which passes: a
  * connect retried then goes over RDMA): the peer may have no RDMA, or none
- * its way; over TCP, in the same order. */
+ * its way; over TCP, in the same order.  Names not found left no address
+ * to try (their failures say why). */
 static bool on_to_tcp(struct mw__conn *c)
 {
     struct mw__conn_setup *s = c->setup;
-    if (!s->tcp_after || s->heard_no || s->rdma_slow)
+    if (!s->tcp_after || s->heard_no || s->rdma_slow || !s->npeers)
         return false;
     s->tcp_after = false;
     s->over_tcp = true;
