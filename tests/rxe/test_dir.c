@@ -391,8 +391,11 @@ static void large_share_is_exported_off_the_loop(void **state)
      * the bound are the VM's clock: a vCPU the host set aside still counts
      * as running in the guest (with the host's CPUs shared by other work,
      * 3-6 turns of the 16 connections' went over 20 ms, the worst at 135;
-     * on a quiet host one at 116 ms, once). */
-    assert_true(t.cpu_over < MAX / 2);
+     * on a quiet host one at 116 ms, once; with two VMs and a sanitizer
+     * build on the host's 2 CPUs, 11 turns, the worst at 42 ms).  So the
+     * count is printed, and the bound is on the worst turn: below what one
+     * export made on the loop costs. */
+    assert_true(t.worst_cpu_ms < lateness_bound_ms(200));
     for (int i = 0; i < h->n; i++)
         mw_conn_abort(h->c[i]);
     free(h);

@@ -66,11 +66,20 @@ static int group_setup(void **state)
     return 0;
 }
 
-static int group_teardown(void **state)
+/* After a test that spawns a publisher: one it left (failing early) would
+ * publish and renew through the tests after it. */
+static int kill_child(void **state)
 {
     (void)state;
     if (child_pid > 0)
         redis_stop(child_pid, SIGKILL);
+    child_pid = 0;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    kill_child(state);
     redis_fixture_down(&rf);
     if (on_etcd)
         etcd_fixture_down(&ef);
@@ -580,7 +589,12 @@ static void two_publishers_of_one_name(void **state)
 
     publish(a, "two/x", "10.0.0.1:7470", NULL);
     pid_t pid = spawn_publisher("two/x", "600");
-    run(ctx, 1500, NULL);                            /* two leases of renewals */
+    /* once it has published (a spawned process: seconds under valgrind on
+     * a busy host), two leases of a's renewals leave its entry alone */
+    for (uint64_t t0 = now_ms(); strcmp(addrs_of(a, "two/x", buf, sizeof buf), "10.0.0.7:7470") &&
+                                 now_ms() - t0 < 10000;)
+        run(ctx, 50, NULL);
+    run(ctx, 1500, NULL);
     assert_string_equal(addrs_of(a, "two/x", buf, sizeof buf), "10.0.0.7:7470");
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
@@ -927,10 +941,10 @@ static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
     publish(d, "job/a", "10.0.0.1:7470", NULL);
     dns_set_down(true);
     redis_stop(pid, SIGKILL);
-    t.worst_ms = 0;
+    t.worst_ms = t.worst_wall_ms = 0;
     run(ctx, 2500, NULL);
-    printf("the store and DNS gone: the loop's longest gap between ticks %.0f ms (bound %.0f)\n",
-           (double)t.worst_ms, (double)ON_TIME_MS);
+    printf("the store and DNS gone: the loop's longest gap between ticks %.0f ms (bound %.0f; "
+           "%.0f ms with its waits for a CPU)\n", t.worst_ms, (double)ON_TIME_MS, t.worst_wall_ms);
     assert_true(t.worst_ms < ON_TIME_MS);
     /* each lookup is given up at the timeout and tried again, but never
      * more than 8 hang at once in the process (2 of them from the open) */
@@ -1586,8 +1600,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(publish_lookup_list_unpublish),
         cmocka_unit_test(bad_input_is_refused),
         cmocka_unit_test(watch_sees_joins_and_leaves_not_renewals),
-        cmocka_unit_test(killed_publisher_leaves_within_a_lease),
-        cmocka_unit_test(two_publishers_of_one_name),
+        cmocka_unit_test_teardown(killed_publisher_leaves_within_a_lease, kill_child),
+        cmocka_unit_test_teardown(two_publishers_of_one_name, kill_child),
         cmocka_unit_test(watch_ends_on_the_latest_value_when_a_read_is_slow),
         cmocka_unit_test(watch_function_may_free_the_directory),
         cmocka_unit_test(hostile_entries_are_refused),
