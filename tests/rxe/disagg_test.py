@@ -4,7 +4,8 @@ workers found through a directory (a redis-server of the test's own).
 Every request's tokens must equal a one-process run of the same model;
 worker 1 leaves (SIGTERM) and comes back mid-run while requests keep
 coming, and none is lost or answered twice.  The HTTP and recompute ways
-give the same tokens; bad requests get 400; GET /metrics passes
+give the same tokens (not in the run over RDMA: they use no meshwire, and
+the host's runs have them); bad requests get 400; GET /metrics passes
 promtool's check and counts what was served.
 
     disagg_test.py PROMTOOL      (meson, suites rxe and python; MW_TRANSPORT
@@ -74,8 +75,10 @@ async def main(promtool: str) -> int:
         if after != {"0", "1"}:
             bad.append(f"after worker 1 came back, only workers {after} answered")
 
-        # the other ways give the same tokens
-        for via in ("http", "recompute"):
+        # the other ways give the same tokens (they use no meshwire: the
+        # run over RDMA in the soft-RoCE VM leaves them to the host's runs)
+        others = () if os.environ.get("MW_TRANSPORT") == "rdma" else ("http", "recompute")
+        for via in others:
             more: list = []
             await run_wave(c, reqs[:4], more, via)
             for prompt, tokens, a in more:
@@ -95,7 +98,7 @@ async def main(promtool: str) -> int:
         if check.returncode or check.stdout or check.stderr:
             bad.append("promtool: " + (check.stdout + check.stderr).decode()[:400])
         served = re.search(r"^disagg_requests_total (\d+)$", text, re.M)
-        if not served or int(served.group(1)) != REQUESTS + 8:
+        if not served or int(served.group(1)) != REQUESTS + 4 * len(others):
             bad.append(f"disagg_requests_total: {served and served.group(0)}")
         if not re.search(r"^meshwire_connections\{.*\} [1-9]", text, re.M):
             bad.append("/metrics shows no meshwire connection")
