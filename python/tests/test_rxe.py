@@ -47,11 +47,24 @@ def path_of(transport):
     return "rdma" if "rdma" in (transport, FORCED) else "local"
 
 
+def ephemeral_low():
+    """The lowest port the kernel hands out to connections' local ends."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n):
-    """The first of @n consecutive TCP ports free on HOST just now (the
-    suite's other tests, run beside this one, take random ports too)."""
+    """The first of @n consecutive TCP ports free on HOST just now, below
+    the kernel's range for connections' local ends (a rank listens on
+    every address: a connection of the suite's other tests, run beside
+    this one, took such a port in between once); those tests take random
+    ports too."""
+    top = min(ephemeral_low(), 40000) - n
     while True:
-        base = random.randint(20000, 40000)
+        base = random.randint(20000, top)
         socks = []
         try:
             for r in range(n):

@@ -165,11 +165,15 @@ if [[ -x /usr/bin/redis-server ]]; then
 else bad "redis-server not installed (scripts/setup installs it)"; fi
 
 # the kill tests need a transfer still under way when they strike: a file
-# large enough whatever the speed (its bytes do not matter)
+# large enough, sent in small steps (4 KiB chunks, one in flight: 200 MB
+# take seconds even on the same-host path, where 1 MiB chunks took 0.1 s
+# and a sender killed "mid-transfer" had in fact finished; its bytes do
+# not matter)
 head -c 200000000 /dev/zero >src/big
+SLOW=(--chunk 4K --window 1)
 
 # killed sender: the receiver exits 1 and leaves no file named big
-recv -o out; "$MC" -q -t 20 "$dst:$port" src/big 2>send.err & spid=$!
+recv -o out; "$MC" -q -t 20 "${SLOW[@]}" "$dst:$port" src/big 2>send.err & spid=$!
 mid_transfer || bad "sender killed: the transfer never got going"
 kill -9 $spid; wait $spid 2>/dev/null
 wait $rpid; r=$?
@@ -179,7 +183,7 @@ else bad "sender killed: receiver exit $r, $(ls out)"; fi
 rm -f out/.big.meshcat-part.*; next_port
 
 # killed receiver: the sender exits 1 with a message
-recv -o out; "$MC" -q -t 5 "$dst:$port" src/big 2>send.err & spid=$!
+recv -o out; "$MC" -q -t 5 "${SLOW[@]}" "$dst:$port" src/big 2>send.err & spid=$!
 mid_transfer || bad "receiver killed: the transfer never got going"
 kill -9 $rpid; wait $rpid 2>/dev/null
 wait $spid; s=$?
