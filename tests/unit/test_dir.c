@@ -923,7 +923,10 @@ static void store_name_lookup_that_hangs_keeps_the_loop_on_time(void **state)
     run(ctx, 100, NULL);
     assert_true(t.worst_ms < ON_TIME_MS);
     pthread_mutex_lock(&dns_mu);
-    assert_int_equal(dns_hung, 2);       /* one lookup per link, left to hang */
+    /* one lookup per link, left to hang -- and on etcd under valgrind on
+     * a busy host, once 3: a link's retry came before the open's deadline
+     * was seen; what matters is that they do not pile up */
+    assert_in_range(dns_hung, 2, 4);
     pthread_mutex_unlock(&dns_mu);
     if (on_etcd)                         /* the rest is the links' retries: Redis's */
         goto release;
