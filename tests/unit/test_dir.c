@@ -163,6 +163,8 @@ static mw_directory_t *open_dir_waiting(mw_ctx_t *ctx, unsigned lease_ms, unsign
     o.prefix = "mwtest";
     if (timeout_ms)
         o.timeout_ms = timeout_ms;
+    else if (lateness_slowdown() >= 30)
+        o.timeout_ms = 20000;     /* valgrind beside two VMs: an etcd list took over 5 s */
     return value_of(mw_dir_open(ctx, rf.url, &o), 0);
 }
 
@@ -807,9 +809,19 @@ static void shared_store_work_is_bounded(void **state)
      * twice, 20 updates to 4 subscribers, and these INFO replies */
     long long sent = info_field("stats", "total_net_output_bytes:") - out0;
     assert_true(sent < (1 << 20));
+    /* The keyspace SCAN it replaces took 39-65 ms a command, every time.
+     * A store preempted by other work on the host once took 37 ms for a
+     * page: a slow command is measured again, on lists alone, twice. */
     char what[100];
     long long worst = longest_command(what, sizeof what);
-    if (worst > 25000)               /* the keyspace SCAN it replaces: 39-65 ms */
+    for (int again = 0; again < 2 && worst > 25000; again++) {
+        printf("the store ran one command for %lld us (%.60s): again\n", worst, what);
+        redis_cmd(rf.sock, false, "SLOWLOG RESET");
+        for (int i = 0; i < 5; i++)
+            mw_dir_list_free(value_of(mw_dir_list(b, "job/w/"), 0));
+        worst = longest_command(what, sizeof what);
+    }
+    if (worst > 25000)
         fail_msg("the store ran one command for %lld us: %s", worst, what);
     redis_cmd(rf.sock, false, "CONFIG SET slowlog-log-slower-than 10000");
     mw_dir_free(a);
