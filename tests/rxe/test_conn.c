@@ -206,7 +206,9 @@ static void sixty_four_connections_at_once(void **state)
         fail_msg("%s", mw_future_message(all));
     rxe_wait_accepted(&s, N);
     printf("64 connections: set up in %.3f s (issuing them took %.4f s)\n", t, issued);
-    assert_true(issued < 0.5);          /* mw_connect never blocks on setup */
+    /* mw_connect never blocks on setup (under TSan beside two VMs the 64
+     * calls once took over 0.5 s: the bound scales with the build) */
+    assert_true(issued < 0.5 * lateness_slowdown());
     /* every pair carries a message */
     for (int i = 0; i < N; i++) {
         mw_conn_t *c = mw_future_value(fs[i]);
