@@ -174,6 +174,9 @@ static const char *check_hello(const struct mw__comm *comm, const mw_msg_t *m, i
         return "scratch geometry differs";
     if ((int)h->algo != comm->allreduce_algo)
         return "MW_ALLREDUCE_ALGO differs";
+    if (h->scratch.len == 0)      /* refuse_own_rank()'s hello: it told us no */
+        return "it refused this rank (it holds a connection from this rank already, or ran "
+               "out of memory: its log says which)";
     if (h->scratch.len < STUB_BYTES)
         return "scratch too small";
     return NULL;
@@ -236,12 +239,12 @@ static int alloc_peer(struct mw__comm *comm, int r, mw_conn_t *c)
     struct mw__peer *p = &comm->peers[r];
     if (p->conn)
         return -EEXIST;
-    p->conn = c;
-    p->scratch_sent = false;      /* an attempt that was dropped sent it to nobody */
     if (!p->imm)
         p->imm = mw__calloc(comm->opts.slots, sizeof *p->imm);
     if (!p->imm)
-        return -ENOMEM;
+        return -ENOMEM;           /* @c is not the peer's: the caller lets go of it */
+    p->conn = c;
+    p->scratch_sent = false;      /* an attempt that was dropped sent it to nobody */
     /* Now, not when its hello is read: the peer may finish creating the
      * communicator and write its first chunk right after its hello, and
      * that chunk must find the handler. */
@@ -397,8 +400,15 @@ static void on_peer_hello(mw_future_t *f, void *arg)
     } else if (!m) {
         mw_conn_abort(p->conn);
         p->conn = NULL;
-        comm->dropped = true;
-        retry_or_give_up(k, "dropped before its hello");
+        if (mw_future_error(f) == -ENOMEM) {
+            /* Ours to fail: the peer has our hello and may be done
+             * already, and would refuse a second connection from us. */
+            drop_connecting(k);
+            mw__comm_fail(comm, -ENOMEM, "rank %d: cannot take its hello: %s", p->rank, bad);
+        } else {
+            comm->dropped = true;
+            retry_or_give_up(k, "dropped before its hello");
+        }
     } else {
         drop_connecting(k);
         if (bad)
@@ -425,6 +435,8 @@ static void on_connected(mw_future_t *f, void *arg)
         mw_future_t *h = NULL;
         if (alloc_peer(comm, k->rank, c) < 0 || send_hello(comm, c, p, HELLO_MAGIC) < 0 ||
             !(h = mw_recv(c))) {
+            if (p->conn != c)     /* alloc_peer() did not take it */
+                mw_conn_abort(c);
             mw__comm_fail(comm, -ENOMEM, "cannot greet rank %d", k->rank);
         } else {                  /* the attempt lives on until the hello is in */
             mw__comm_ref(comm);

@@ -455,6 +455,33 @@ static void oom_free(void *p)
     free(p);
 }
 
+/* The scenario's log at debug level, kept to show when it fails; warnings
+ * and errors also go to stderr as usual. */
+static struct {
+    char *buf;
+    size_t len, cap;
+} oom_trace;
+
+static void oom_trace_line(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    if (level <= MW_LOG_WARN)
+        fprintf(stderr, "meshwire %s: %s\n", level == MW_LOG_ERROR ? "error" : "warn", msg);
+    size_t n = strlen(msg) + 1;
+    if (oom_trace.len + n + 1 > oom_trace.cap) {
+        size_t cap = 2 * (oom_trace.cap + n) + 4096;
+        char *b = realloc(oom_trace.buf, cap);    /* the C library's: never failed */
+        if (!b)
+            return;
+        oom_trace.buf = b;
+        oom_trace.cap = cap;
+    }
+    memcpy(oom_trace.buf + oom_trace.len, msg, n - 1);
+    oom_trace.len += n;
+    oom_trace.buf[oom_trace.len - 1] = '\n';
+    oom_trace.buf[oom_trace.len] = '\0';
+}
+
 /* The future's outcome within its deadline; a failure must say something. */
 static int oom_wait(mw_future_t *f, const char *what, const char **where)
 {
@@ -470,7 +497,11 @@ static int oom_wait(mw_future_t *f, const char *what, const char **where)
             *where = what;
         assert_true(rc < 0);
         assert_non_null(mw_future_message(f));
-        assert_int_not_equal(rc, -ETIMEDOUT);     /* failing cleanly is failing fast */
+        if (rc == -ETIMEDOUT && oom_trace.buf)    /* failing cleanly is failing fast */
+            fprintf(stderr, "the scenario's log:\n%s", oom_trace.buf);
+        if (rc == -ETIMEDOUT)
+            fail_msg("allocation %ld: %s timed out: %s", atomic_load(&oom.fail_at), what,
+                     mw_future_message(f));
     }
     return rc;
 }
@@ -531,7 +562,12 @@ static int oom_scenario(int port, const char **where)
     mw_future_t *f = NULL, *cf[2] = {NULL, NULL};
     char *mem = NULL;
     char la[80];
-    int rc = mw_ctx_new(&ctx, NULL, NULL);
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_level = MW_LOG_DEBUG;
+    co.log_fn = oom_trace_line;
+    oom_trace.len = 0;
+    int rc = mw_ctx_new(&ctx, NULL, &co);
     if (rc) {
         *where = "mw_ctx_new";
         return rc;
@@ -645,6 +681,47 @@ out:
     return rc;
 }
 
+/* stderr goes to a file while allocations fail: meshwire reports there a
+ * released handle passed to it, and its own cleanup must never pass one. */
+static struct {
+    FILE *file;
+    int saved;
+} oom_log = {NULL, -1};
+
+static void oom_capture_stderr(void)
+{
+    assert_non_null(oom_log.file = tmpfile());
+    oom_log.saved = dup(2);
+    assert_true(oom_log.saved >= 0 && dup2(fileno(oom_log.file), 2) == 2);
+}
+
+/* stderr back, with what was written meanwhile; how many released
+ * handles meshwire was handed. */
+static int oom_release_stderr(void)
+{
+    int dead = 0;
+    if (!oom_log.file)
+        return 0;
+    dup2(oom_log.saved, 2);
+    close(oom_log.saved);
+    rewind(oom_log.file);
+    char line[512];
+    while (fgets(line, sizeof line, oom_log.file)) {
+        fputs(line, stderr);
+        dead += strstr(line, "not a live") != NULL;
+    }
+    fclose(oom_log.file);
+    oom_log.file = NULL;
+    return dead;
+}
+
+static int oom_teardown(void **state)
+{
+    (void)state;
+    oom_release_stderr();         /* a failed run's log, for its reader */
+    return 0;
+}
+
 /* For every N, the Nth allocation fails: each failure is an error with a
  * message, nothing hangs, and nothing is left allocated after the
  * teardown.  The run where no allocation failed works. */
@@ -653,7 +730,7 @@ static void every_allocation_can_fail(void **state)
     (void)state;
     assert_int_equal(mw_replace_allocator(NULL, realloc, calloc, free), -EINVAL);
     assert_int_equal(mw_replace_allocator(oom_malloc, oom_realloc, oom_calloc, oom_free), 0);
-    int port = 20000 + (getpid() * 13) % 20000;
+    int port = rxe_fixed_port((unsigned)getpid() * 13, 102);   /* port - 2 to port + 99 */
     /* a first run grows what lives as long as the process (the handle
      * table): the baseline of what a run leaves held */
     const char *where = "";
@@ -662,6 +739,7 @@ static void every_allocation_can_fail(void **state)
     int errors = 0, absorbed = 0;
     long n;
     double t0 = now_s();
+    oom_capture_stderr();
     for (n = 1;; n++) {
         atomic_store(&oom.calls, 0);
         atomic_store(&oom.failed, 0);
@@ -682,6 +760,7 @@ static void every_allocation_can_fail(void **state)
                    rc ? mw_strerror(rc) : "");
     }
     atomic_store(&oom.fail_at, 0);
+    assert_int_equal(oom_release_stderr(), 0);
     printf("%ld allocations along connect, send/recv, write, communicator, allreduce: "
            "%d failures reported as errors, %d absorbed (retried or not needed), %.1f s\n",
            n - 1, errors, absorbed, now_s() - t0);
@@ -722,7 +801,7 @@ int main(int argc, char **argv)
     if (getenv("MW_TEST_FILTER"))
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(every_allocation_can_fail),
+        cmocka_unit_test_teardown(every_allocation_can_fail, oom_teardown),
         cmocka_unit_test(cq_entries_run_out_cleanly),
         cmocka_unit_test_teardown(device_objects_run_out_cleanly, cgroup_leave),
         cmocka_unit_test_teardown(device_open_failure_is_retried_in_place, cgroup_leave),
