@@ -54,6 +54,19 @@ const char *rxe_path_name(int t)
     return t == MW_TRANSPORT_LOCAL ? "same-host path" : t == MW_TRANSPORT_TCP ? "TCP" : "RDMA";
 }
 
+int rxe_fixed_port(unsigned salt, int span)
+{
+    int low = 32768;              /* the kernel's default, where unreadable */
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d", &low) != 1)
+            low = 32768;
+        fclose(f);
+    }
+    int first = 10000, room = low - span - first;
+    return room > 0 ? first + (int)(salt % (unsigned)room) : first;
+}
+
 void rxe_require(int n, const char **addrs)
 {
     if (!rxe_over_tcp() && no_rdma_device()) {

@@ -73,6 +73,11 @@ void loop_for(mw_ctx_t *ctx, unsigned ms);
 /* cpu_seconds() - user + system CPU time of this process so far. */
 double cpu_seconds(void);
 
+/* rxe_fixed_port() - a port to listen on by number, from @salt (a pid,
+ * say): the first of @span free ones below ip_local_port_range, which no
+ * connection's local end takes from under the test. */
+int rxe_fixed_port(unsigned salt, int span);
+
 /* --- meshwire connections within one context (cmocka asserts) ------------ */
 
 #define RXE_MAXC 128

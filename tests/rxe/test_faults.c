@@ -244,7 +244,7 @@ static int next_port(void)
 {
     static int port;
     if (!port)
-        port = 21000 + getpid() % 20000;
+        port = rxe_fixed_port((unsigned)getpid(), 1000);
     return ++port;
 }
 

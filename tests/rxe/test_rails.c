@@ -518,7 +518,7 @@ int main(int argc, char **argv)
         return serve(atoi(argv[2]), argc == 4);
     if (readlink("/proc/self/exe", self_path, sizeof self_path - 1) < 0)
         return 1;
-    serve_port = 20000 + (int)(getpid() % 10000) * 2;
+    serve_port = rxe_fixed_port((unsigned)getpid(), 2);
     if (getenv("MW_TEST_FILTER"))
         cmocka_set_test_filter(getenv("MW_TEST_FILTER"));
     const struct CMUnitTest tests[] = {

@@ -421,7 +421,7 @@ static void check_report(struct storm *st, const mw_msg_t *m)
 static void storm(void **state)
 {
     (void)state;
-    int port = 22000 + getpid() % 20000;
+    int port = rxe_fixed_port((unsigned)getpid(), 1);
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     pid_t pid;
