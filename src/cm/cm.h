@@ -262,6 +262,8 @@ struct mw__conn_setup {
                                      outstanding, and will serve */
     uint8_t peer_rd_resources;
 
+    bool accept_sent;             /* rdma_accept went out: the queue pair
+                                     takes what the peer sends */
     bool dev_wait;                /* paused: the device opens, registers memory */
     struct mw__tcp_setup *tcp;    /* a TCP connection's socket, until its
                                      queue pair takes it (tcp.c) */

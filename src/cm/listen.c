@@ -256,6 +256,7 @@ static int accept_now(struct mw__conn *c, const char **why)
     *why = "rdma_accept failed";
     if (rdma_accept(c->id, &p) < 0)
         return -errno;
+    c->setup->accept_sent = true;
     mw__conn_arm_timer(c, on_accept_timeout);
     return 0;
 }
@@ -395,6 +396,20 @@ void mw__listener_event(struct mw__listener *l, struct rdma_cm_event *ev)
 void mw__accepted_event(struct mw__conn *c, struct rdma_cm_event *ev)
 {
     struct mw__listener *l = listener_of(c);
+    /* The peer connected, sent and left before our ESTABLISHED came (its
+     * RTU late or lost, its DREQ first: rdma_cm then reports only the
+     * disconnect).  It was connected, and what it sent is in the queue pair
+     * our accept made ready: established, then disconnected, as when the
+     * events come in order (the disconnect a turn later, after what is in
+     * the completion queue). */
+    if (ev->event == RDMA_CM_EVENT_DISCONNECTED && l && c->setup->accept_sent) {
+        MW_LOG(c->ctx, MW_LOG_DEBUG, "%s: left before its connection was established here: "
+               "established, then disconnected", c->stats.remote);
+        accepted(c);
+        if (c->state == MW__CONN_ESTABLISHED && mw__conn_disconnected_later(c) < 0)
+            mw__conn_on_disconnected(c);
+        return;
+    }
     if (ev->event != RDMA_CM_EVENT_ESTABLISHED || !l) {
         if (l)
             l->stats.failed++;
