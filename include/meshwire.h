@@ -609,7 +609,12 @@ typedef struct mw_conn_opts {
                                    why: a peer with no RDMA, none its way,
                                    or a device here that cannot serve
                                    (memlock, completion queues full) does
-                                   not stop it.  MW_TRANSPORT_RDMA and _TCP
+                                   not stop it.  A listener started while
+                                   a connect was under way (nothing over
+                                   RDMA yet, TCP by the time it came)
+                                   sends it back to RDMA, once: a peer
+                                   that listens over RDMA is connected
+                                   over RDMA.  MW_TRANSPORT_RDMA and _TCP
                                    listen and connect over that one only.
                                    mw_conn_stats() says which a connection
                                    took.  The connection is set up

@@ -15,9 +15,6 @@
 #include "cm/transport.h"
 #include "cm/wire.h"
 
-/* A reject's private data: this tag, then a reason as text. */
-#define MW__REJECT_TAG "MWRJ"
-
 struct mw__dev;
 struct mw__op;
 
@@ -255,6 +252,10 @@ struct mw__conn_setup {
                                      would be refused alike */
     bool rdma_slow;               /* an address timed out resolving over
                                      RDMA: that may pass, so no TCP */
+    bool rdma_nobody;             /* rdma_cm found nothing listening at an
+                                     address: its TCP hello says so */
+    bool rdma_again;              /* a listener reached over TCP said it
+                                     listens over RDMA now: tried again */
 
     /* passive side: the listener it came through */
     struct mw__listener *listener;
@@ -443,6 +444,10 @@ void mw__connect_fail(struct mw__conn *c, int err, const char *why);
  * next one is tried; the peer accepted with handshake @pd of @len bytes. */
 void mw__connect_attempt_failed(struct mw__conn *c, int err, const char *fmt, const char *detail);
 void mw__connect_established(struct mw__conn *c, const void *pd, size_t len);
+/* connect.c: the listener reached over TCP refused with MW__REFUSE_RDMA_NOW:
+ * every address over RDMA again, once; false when that was done (the
+ * refusal then fails the address). */
+bool mw__connect_rdma_again(struct mw__conn *c);
 /* listen.c: a TCP connection @fd came to @l; its handshake @pd came in; it
  * is refused with @err and @why. */
 void mw__listener_incoming_tcp(struct mw__listener *l, int fd);

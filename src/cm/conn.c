@@ -364,6 +364,9 @@ int mw__conn_hello(const struct mw__conn *c, uint8_t pd[MW__HELLO_LEN])
         .max_msg = c->opts.max_msg_size,
     };
     mw__local_hello(c, &h);
+    const struct mw__conn_setup *s = c->setup;
+    if (s && s->over_tcp && s->rdma_nobody && !s->rdma_again)
+        h.flags |= MW__HELLO_RDMA_MISSED;
     return mw__hello_encode(&h, pd, MW__HELLO_LEN);
 }
 

@@ -26,9 +26,12 @@ static void note_failure(struct mw__conn *c, const char *addr, int err, const ch
     bool kept = s->over_tcp && !mw__tcp_reached(c) && s->attempt_err != -EHOSTUNREACH;
     if (!kept && s->attempt_err != -ECONNREFUSED && (err != -EHOSTUNREACH || !s->attempt_err))
         s->attempt_err = err;
-    size_t used = strlen(s->tried);
-    snprintf(s->tried + used, sizeof s->tried - used, "%s%s%s: %s", used ? "; " : "", addr,
+    char entry[MW__ADDR_STRLEN + 200];
+    snprintf(entry, sizeof entry, "%s%s: %s", addr,
              c->opts.transport == MW_TRANSPORT_TCP ? " over TCP" : "", one);
+    size_t used = strlen(s->tried);
+    if (!strstr(s->tried, entry))     /* an address tried again, failing alike: once */
+        snprintf(s->tried + used, sizeof s->tried - used, "%s%s", used ? "; " : "", entry);
     MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
 }
 
@@ -103,6 +106,30 @@ static bool on_to_tcp(struct mw__conn *c)
     s->next_peer = 0;
     c->opts.transport = MW_TRANSPORT_TCP;
     mw__conn_set_transport(c, &mw__transport_tcp);
+    return true;
+}
+
+/* A peer whose RDMA listener was not up yet when rdma_cm asked, and whose
+ * TCP one was when the TCP pass reached it (both start in mw_listen), is
+ * an RDMA peer: it says so by refusing the TCP hello, and RDMA goes first
+ * again.  Once: the next TCP hello does not ask, and is taken. */
+bool mw__connect_rdma_again(struct mw__conn *c)
+{
+    struct mw__conn_setup *s = c->setup;
+    if (!s->over_tcp || s->rdma_again)
+        return false;
+    char addr[MW__ADDR_STRLEN];
+    MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: its listener was starting: over RDMA again",
+           mw__addr_str((struct sockaddr *)&s->peers[s->next_peer - 1], addr, sizeof addr));
+    mw__conn_disarm_timer(c);
+    mw__conn_drop_attempt(c);
+    s->rdma_again = true;
+    s->over_tcp = false;
+    s->tcp_after = true;
+    s->next_peer = 0;
+    c->opts.transport = MW_TRANSPORT_AUTO;
+    mw__conn_set_transport(c, &mw__transport_rdma);
+    try_next(c);
     return true;
 }
 
@@ -413,6 +440,7 @@ void mw__connect_event(struct mw__conn *c, struct rdma_cm_event *ev)
         return;
     case RDMA_CM_EVENT_REJECTED:
         c->setup->heard_no |= refused_by_meshwire(ev);
+        c->setup->rdma_nobody |= !refused_by_meshwire(ev);
         mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reject_reason(ev, buf, sizeof buf));
         return;
     default:

@@ -370,6 +370,22 @@ void mw__listener_incoming_tcp(struct mw__listener *l, int fd)
     mw__conn_arm_timer(c, on_accept_timeout);    /* for the peer's handshake */
 }
 
+/* A TCP hello from a connector whose RDMA attempt here found nothing
+ * listening, to a listener that listens over RDMA too (it was starting):
+ * sent back to RDMA, uncounted (a redirect, not a refusal). */
+static bool redirect_to_rdma(struct mw__conn *c)
+{
+    struct mw__listener *l = listener_of(c);
+    if (!(c->peer.flags & MW__HELLO_RDMA_MISSED) || !l->id)
+        return false;
+    MW_LOG(c->ctx, MW_LOG_INFO, "%s: came over TCP, found nothing listening over RDMA: "
+           "sent back to RDMA", c->stats.remote);
+    mw__tcp_reject(c, MW__REFUSE_RDMA_NOW);
+    mw__conn_drop_attempt(c);
+    mw__conn_refused(c, -ECONNREFUSED);
+    return true;
+}
+
 void mw__accept_hello(struct mw__conn *c, const void *pd, size_t len)
 {
     const char *why = "";
@@ -377,6 +393,8 @@ void mw__accept_hello(struct mw__conn *c, const void *pd, size_t len)
     int rc = listener_of(c) ? mw__conn_take_peer_hello(c, pd, len, &why) : -ECONNABORTED;
     if (!listener_of(c))
         why = "no longer listening";
+    if (rc == 0 && redirect_to_rdma(c))
+        return;
     if (rc < 0 || (rc = answer(c, &why, reason, sizeof reason)) < 0)
         refuse(c, rc, why);
 }

@@ -304,7 +304,8 @@ static void on_answer(struct mw__conn *c)
         char reason[RECORD_MAX];
         snprintf(reason, sizeof reason, "%.*s", (int)strnlen((const char *)body + 4, len - 4),
                  body + 4);
-        mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reason);
+        if (strcmp(reason, MW__REFUSE_RDMA_NOW) || !mw__connect_rdma_again(c))
+            mw__connect_attempt_failed(c, -ECONNREFUSED, "%s", reason);
         return;
     }
     uint8_t hello[RECORD_MAX];   /* all of it: the record goes with the setup */

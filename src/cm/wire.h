@@ -38,6 +38,16 @@
 #define MW__HELLO_LEN 52
 #define MW__PRIVATE_DATA_MAX 56 /* rdma_connect on RC */
 #define MW__HELLO_LOCAL 1u    /* flags: the same-host path */
+/* flags, connecting over TCP in auto: an RDMA attempt at this address just
+ * found nothing listening there (the listener may have been starting) */
+#define MW__HELLO_RDMA_MISSED 2u
+
+/* A refusal (rdma_cm's reject private data, or a TCP answer record): the
+ * tag, then the reason, NUL-terminated. */
+#define MW__REJECT_TAG "MWRJ"
+/* An auto listener's TCP answer to a hello with MW__HELLO_RDMA_MISSED: it
+ * listens over RDMA too, so the connector tries RDMA again (once). */
+#define MW__REFUSE_RDMA_NOW "listening over RDMA now"
 
 enum { MW__PURPOSE_P2P = 1, MW__PURPOSE_COMM = 2 };
 

@@ -1466,6 +1466,164 @@ static void a_host_with_rdma_meets_one_without(void **state)
     mw_ctx_free(ctx);
 }
 
+/* --- a listener starting between the RDMA and the TCP attempt ------------ */
+
+/* Raw handshake records (tcp.c: 4 bytes of length, big-endian, then the
+ * body) on a non-blocking socket, the loop turning while they wait. */
+static int raw_accept(mw_ctx_t *ctx, int lfd, unsigned ms)
+{
+    for (unsigned i = 0; i < ms / 10; i++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0)
+            return fd;
+        loop_for(ctx, 10);
+    }
+    return -1;
+}
+
+static size_t raw_read_record(mw_ctx_t *ctx, int fd, uint8_t *body, size_t cap)
+{
+    uint8_t buf[4 + 256];
+    size_t got = 0, want = 4;
+    for (int i = 0; i < 1000 && got < want; i++) {
+        ssize_t n = read(fd, buf + got, want - got);
+        if (n > 0)
+            got += (size_t)n;
+        else if (n == 0)
+            break;
+        else
+            loop_for(ctx, 10);
+        if (got == 4 && want == 4)
+            want = 4 + ((size_t)buf[0] << 24 | (size_t)buf[1] << 16 | buf[2] << 8 | buf[3]);
+        assert_true(want <= sizeof buf && want - 4 <= cap);
+    }
+    assert_int_equal(got, want);
+    memcpy(body, buf + 4, got - 4);
+    return got - 4;
+}
+
+static void raw_write_record(int fd, const void *body, size_t len)
+{
+    uint8_t buf[4 + 256] = {0, 0, (uint8_t)(len >> 8), (uint8_t)len};
+    memcpy(buf + 4, body, len);
+    assert_int_equal(write(fd, buf, 4 + len), (ssize_t)(4 + len));
+}
+
+/* A connector's TCP hello, and the answer: refused, saying the listener
+ * listens over RDMA now.  Return whether the hello said RDMA found nothing. */
+static bool raw_send_back_to_rdma(mw_ctx_t *ctx, int fd)
+{
+    uint8_t body[256];
+    struct mw__hello h;
+    const char *why;
+    size_t len = raw_read_record(ctx, fd, body, sizeof body);
+    assert_int_equal(mw__hello_decode(body, len, &h, &why), 0);
+    const char refusal[] = MW__REJECT_TAG MW__REFUSE_RDMA_NOW;
+    raw_write_record(fd, refusal, sizeof refusal);
+    return h.flags & MW__HELLO_RDMA_MISSED;
+}
+
+/* Auto, with RDMA here, against a peer that starts its listener while the
+ * connect is under way: rdma_cm found nothing listening, the TCP pass then
+ * reached the listener (mw_listen listens over RDMA, then over TCP).  The
+ * connection must not settle for TCP: the listener says it listens over
+ * RDMA now, and RDMA is tried again -- once.  Played here by a raw TCP
+ * server (the RDMA listener started while it holds the hello); then by a
+ * real auto listener, which sends such a hello back uncounted. */
+static void a_listener_starting_mid_connect_gets_rdma_not_tcp(void **state)
+{
+    (void)state;
+    const char *forced = getenv("MW_TRANSPORT");
+    if (rxe_over_tcp() || (forced && strcmp(forced, "auto"))) {
+        printf("SKIP: RDMA here, nothing forced\n");
+        skip();
+    }
+    mw_ctx_opts_t co;
+    mw_ctx_opts_init(&co);
+    co.log_fn = count_tcp_warnings;
+    tcp_warnings = 0;
+    mw_ctx_t *ctx;
+    assert_int_equal(mw_ctx_new(&ctx, NULL, &co), 0);
+    for (int round = 0; round < 2; round++) {
+        /* round 0: the RDMA listener comes up; round 1: it never does */
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET};
+        socklen_t alen = sizeof a;
+        assert_int_equal(inet_pton(AF_INET, addrs[1], &a.sin_addr), 1);
+        assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+        assert_int_equal(listen(lfd, 4), 0);
+        assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+        int port = ntohs(a.sin_port);
+        mw_future_t *f = rxe_connect_future(ctx, addrs[1], port, NULL);
+        int fd = raw_accept(ctx, lfd, 10000);   /* RDMA found nobody: TCP */
+        assert_true(fd >= 0);
+        struct rxe_server s = {.ctx = ctx, .port = port};
+        mw_conn_opts_t o;
+        mw_conn_opts_init(&o);
+        o.transport = MW_TRANSPORT_RDMA;
+        char la[64];
+        snprintf(la, sizeof la, "%s:%d", addrs[1], port);
+        if (round == 0)
+            assert_int_equal(mw_listen(ctx, la, &o, rxe_keep_first, &s.conns[0], &s.l), 0);
+        assert_true(raw_send_back_to_rdma(ctx, fd));
+        close(fd);
+        if (round == 0) {
+            assert_int_equal(mw_wait(f), 0);
+            mw_conn_t *c = mw_future_value(f);
+            assert_int_equal(transport_of(c), MW_TRANSPORT_RDMA);
+            for (int i = 0; i < 500 && !s.conns[0]; i++)
+                loop_for(ctx, 10);
+            assert_non_null(s.conns[0]);
+            rxe_round_trip(c, s.conns[0]);
+            printf("the listener started mid-connect: over RDMA\n");
+            rxe_close_conn(c);
+            mw_conn_abort(s.conns[0]);
+            mw_listener_free(s.l);
+        } else {                  /* RDMA again found nobody: TCP again, no ask */
+            fd = raw_accept(ctx, lfd, 10000);
+            assert_true(fd >= 0);
+            assert_false(raw_send_back_to_rdma(ctx, fd));
+            close(fd);
+            assert_int_equal(mw_wait(f), -ECONNREFUSED);
+            printf("sent back to RDMA twice: %s\n", mw_future_message(f));
+            assert_non_null(strstr(mw_future_message(f), MW__REFUSE_RDMA_NOW));
+            assert_int_equal(raw_accept(ctx, lfd, 500), -1);   /* no third try */
+        }
+        mw_future_unref(f);
+        close(lfd);
+    }
+    assert_int_equal(tcp_warnings, 0);
+
+    /* The listener's side: such a hello to an auto listener (RDMA and TCP)
+     * is sent back, reaching neither the callback nor the counts. */
+    struct rxe_server s;
+    rxe_server_start(&s, ctx, addrs[1], NULL);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    assert_int_equal(inet_pton(AF_INET, addrs[1], &a.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    connect(fd, (struct sockaddr *)&a, sizeof a);   /* EINPROGRESS */
+    struct mw__hello h = {.magic = MW__HELLO_MAGIC, .version = MW__HELLO_VERSION,
+                          .purpose = MW__PURPOSE_P2P, .flags = MW__HELLO_RDMA_MISSED,
+                          .credits = 16, .slot_size = 65536, .max_msg = 1 << 20};
+    uint8_t hello[MW__HELLO_LEN], answer[256];
+    mw__hello_encode(&h, hello, sizeof hello);
+    loop_for(ctx, 50);            /* connected */
+    raw_write_record(fd, hello, sizeof hello);
+    size_t len = raw_read_record(ctx, fd, answer, sizeof answer);
+    const char refusal[] = MW__REJECT_TAG MW__REFUSE_RDMA_NOW;
+    assert_int_equal(len, sizeof refusal);
+    assert_memory_equal(answer, refusal, sizeof refusal);
+    close(fd);
+    loop_for(ctx, 50);
+    mw_listener_stats_t ls;
+    assert_int_equal(mw_listener_stats(s.l, &ls), 0);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(ls.rejected + ls.failed, 0);
+    assert_int_equal(rxe_conns_left(ctx), 0);
+    rxe_server_close(&s);
+    mw_ctx_free(ctx);
+}
+
 static void killed_peer_fails_pending_work_in_bounded_time(void **state)
 {
     (void)state;
@@ -1540,6 +1698,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_peer_outside_its_loop_for_15_s_is_not_dead),
         cmocka_unit_test(a_silent_peer_host_is_cut_within_the_keepalive),
         cmocka_unit_test(a_host_with_rdma_meets_one_without),
+        cmocka_unit_test(a_listener_starting_mid_connect_gets_rdma_not_tcp),
         cmocka_unit_test(tcp_half_open_flood_stays_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
