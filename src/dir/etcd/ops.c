@@ -76,7 +76,8 @@ struct op {
     char raw[MW__STORE_KEY_MAX + 1];   /* the key itself */
     char line[32];                     /* our instance line */
     char *val;                         /* put: the value, base64 */
-    unsigned ttl;
+    unsigned ttl;                      /* put: its lease's, in seconds */
+    bool regranted;                    /* put: its lease granted again */
 };
 
 static struct op *op_new(struct mw__etcd *st, const char *key, void *arg)
@@ -163,10 +164,21 @@ static bool ours(const struct op *o, struct json_object *kv)
  * put
  * ------------------------------------------------------------------------ */
 
+static int grant(struct op *o, request_fn req);
+static void on_grant(void *arg, int err, const char *why, struct json_object *res);
+
 static void on_put(void *arg, int err, const char *why, struct json_object *res)
 {
     (void)res;
     struct op *o = arg;
+    /* The lease ran out before etcd took the put (a starved store or loop:
+     * its TTL after the grant, 1 s for a lease under a second): a new
+     * lease, once, rather than a publish failed for the store's slowness. */
+    if (err == -EIO && why && strstr(why, "lease not found") && !o->regranted) {
+        o->regranted = true;
+        if (grant(o, mw__etcd_request_next) == 0)
+            return;
+    }
     if (o->fn.plain)
         o->fn.plain(o->arg, err, why);
     op_free(o);
@@ -187,6 +199,13 @@ static void on_grant(void *arg, int err, const char *why, struct json_object *re
         on_put(o, err ? err : -ENOMEM, err ? why : "out of memory", NULL);
 }
 
+static int grant(struct op *o, request_fn req)
+{
+    char ttl[16];
+    snprintf(ttl, sizeof ttl, "%u", o->ttl);
+    return ask(o, req, "/v3/lease/grant", body("TTL", ttl, NULL, NULL, NULL, NULL), on_grant);
+}
+
 static int op_put(struct mw__store *s, const char *key, const char *val, size_t len,
                   unsigned lease_ms, mw__store_fn fn, void *arg)
 {
@@ -201,9 +220,8 @@ static int op_put(struct mw__store *s, const char *key, const char *val, size_t 
     const char *eol = inst ? memchr(inst + 1, '\n', len - (size_t)(inst + 1 - val)) : NULL;
     if (eol && (size_t)(eol - inst + 1) < sizeof o->line)
         memcpy(o->line, inst, (size_t)(eol - inst + 1));
-    char ttl[16];
-    snprintf(ttl, sizeof ttl, "%u", lease_ms < 1000 ? 1 : (lease_ms + 999) / 1000);
-    int rc = call(o, "/v3/lease/grant", body("TTL", ttl, NULL, NULL, NULL, NULL), on_grant);
+    o->ttl = lease_ms < 1000 ? 1 : (lease_ms + 999) / 1000;
+    int rc = grant(o, mw__etcd_request);
     if (rc < 0)
         op_free(o);
     return rc;
