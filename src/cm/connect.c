@@ -16,6 +16,16 @@
 
 static void try_next(struct mw__conn *c);
 
+/* Whether the "; "-separated list @tried holds @entry whole. */
+static bool listed(const char *tried, const char *entry)
+{
+    size_t n = strlen(entry);
+    for (const char *p = tried; (p = strstr(p, entry)); p++)
+        if ((p == tried || p[-1] == ' ') && (p[n] == '\0' || p[n] == ';'))
+            return true;
+    return false;
+}
+
 /* Record why the peer address @addr failed, for the connect's failure. */
 static void note_failure(struct mw__conn *c, const char *addr, int err, const char *one)
 {
@@ -30,7 +40,7 @@ static void note_failure(struct mw__conn *c, const char *addr, int err, const ch
     snprintf(entry, sizeof entry, "%s%s: %s", addr,
              c->opts.transport == MW_TRANSPORT_TCP ? " over TCP" : "", one);
     size_t used = strlen(s->tried);
-    if (!strstr(s->tried, entry))     /* an address tried again, failing alike: once */
+    if (!listed(s->tried, entry))     /* an address tried again, failing alike: once */
         snprintf(s->tried + used, sizeof s->tried - used, "%s%s", used ? "; " : "", entry);
     MW_LOG(c->ctx, MW_LOG_INFO, "connect to %s: %s", addr, one);
 }

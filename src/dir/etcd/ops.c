@@ -164,8 +164,13 @@ static bool ours(const struct op *o, struct json_object *kv)
  * put
  * ------------------------------------------------------------------------ */
 
+/* etcd's answer for a lease that expired (404, "requested lease not found") */
+static bool lease_expired(int err, const char *why)
+{
+    return err == -EIO && why && strstr(why, "lease not found");
+}
+
 static int grant(struct op *o, request_fn req);
-static void on_grant(void *arg, int err, const char *why, struct json_object *res);
 
 static void on_put(void *arg, int err, const char *why, struct json_object *res)
 {
@@ -174,7 +179,7 @@ static void on_put(void *arg, int err, const char *why, struct json_object *res)
     /* The lease ran out before etcd took the put (a starved store or loop:
      * its TTL after the grant, 1 s for a lease under a second): a new
      * lease, once, rather than a publish failed for the store's slowness. */
-    if (err == -EIO && why && strstr(why, "lease not found") && !o->regranted) {
+    if (lease_expired(err, why) && !o->regranted) {
         o->regranted = true;
         if (grant(o, mw__etcd_request_next) == 0)
             return;
@@ -284,7 +289,7 @@ static void on_revoke(void *arg, int err, const char *why, struct json_object *r
 {
     (void)res;
     struct op *o = arg;
-    if (err == -EIO && why && strstr(why, "not found"))   /* expired meanwhile */
+    if (lease_expired(err, why))                        /* expired meanwhile */
         err = 0;
     if (o->fn.plain)
         o->fn.plain(o->arg, err, why);
